@@ -1,0 +1,70 @@
+"""`CallbackMixin`: HAT's callback interface, attached as Ignite handlers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ignite.engine import Engine
+from ignite.engine.events import RemovableEventHandle
+
+from hat_ignite.engine.dispatch import attach_hooks
+from hat_ignite.engine.events import HOOK_EVENTS
+
+__all__ = ["CallbackMixin"]
+
+
+class CallbackMixin:
+    """Callback interface: override any of the nine ``on_*`` hooks.
+
+    Each hook receives HAT's keyword arguments (see :data:`hat_ignite.engine.HOOK_KWARGS`) and
+    should take ``**kwargs`` for the ones it does not use. :meth:`attach` registers only the hooks
+    a subclass overrides, each as one Ignite handler on its :class:`~hat_ignite.engine.HatEvents`
+    event; a hook that asks for a keyword it is never passed is rejected right there.
+
+    Example:
+        >>> class CountSteps(CallbackMixin):
+        ...     def __init__(self):
+        ...         self.steps = 0
+        ...     def on_step_end(self, global_step_id, **kwargs):
+        ...         self.steps = global_step_id + 1
+        >>> CountSteps().overridden_hooks()
+        ['on_step_end']
+    """
+
+    def on_loop_begin(self, **kwargs: Any) -> None:
+        """Once, before the first epoch."""
+
+    def on_epoch_begin(self, **kwargs: Any) -> None:
+        """At the start of each epoch (after the sampler's ``set_epoch``)."""
+
+    def on_step_begin(self, **kwargs: Any) -> None:
+        """At the start of each step."""
+
+    def on_batch_begin(self, **kwargs: Any) -> None:
+        """Before each batch; a multitask step may have several batches."""
+
+    def on_backward_end(self, **kwargs: Any) -> None:
+        """After each batch's backward (training only)."""
+
+    def on_batch_end(self, **kwargs: Any) -> None:
+        """After each batch; a multitask step may have several batches."""
+
+    def on_step_end(self, **kwargs: Any) -> None:
+        """At the end of each step, after the batch processor returns."""
+
+    def on_epoch_end(self, **kwargs: Any) -> None:
+        """At the end of each epoch, or when a step limit ends the run inside one."""
+
+    def on_loop_end(self, **kwargs: Any) -> None:
+        """Once, after the last epoch."""
+
+    def overridden_hooks(self) -> list[str]:
+        """The hook names this callback's class overrides, in firing order."""
+        return [h for h in HOOK_EVENTS if getattr(type(self), h) is not getattr(CallbackMixin, h)]
+
+    def attach(self, engine: Engine) -> list[RemovableEventHandle]:
+        """Register the overridden hooks on ``engine``; return handles to detach them."""
+        return attach_hooks(engine, self, {h: getattr(self, h) for h in self.overridden_hooks()})
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"

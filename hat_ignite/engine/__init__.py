@@ -1,0 +1,32 @@
+"""The engines: HAT's loops as Ignite engines, their events, state and batch processors.
+
+This package never imports :mod:`hat_ignite.callbacks`.
+"""
+
+from hat_ignite.engine.events import HOOK_EVENTS, HatEvents
+from hat_ignite.engine.loop import LoopBase
+from hat_ignite.engine.predictor import Predictor
+from hat_ignite.engine.processors import (
+    BasicBatchProcessor,
+    BatchProcessorMixin,
+    MultiBatchProcessor,
+    collect_loss_by_index,
+    collect_loss_by_regex,
+)
+from hat_ignite.engine.state import HOOK_KWARGS, HatState
+from hat_ignite.engine.trainer import Trainer
+
+__all__ = [
+    "HatEvents",
+    "HOOK_EVENTS",
+    "HOOK_KWARGS",
+    "HatState",
+    "LoopBase",
+    "Trainer",
+    "Predictor",
+    "BatchProcessorMixin",
+    "BasicBatchProcessor",
+    "MultiBatchProcessor",
+    "collect_loss_by_index",
+    "collect_loss_by_regex",
+]

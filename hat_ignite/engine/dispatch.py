@@ -1,0 +1,110 @@
+"""Attaching HAT hooks to an engine's events.
+
+Each hook method becomes one Ignite handler on the matching :class:`HatEvents` event, in the order
+callbacks are attached (config-list order), so HAT callbacks and Ignite handlers interleave
+exactly as registered, and Ignite's tools (``has_event_handler``, ``HandlersTimeProfiler``) see
+every callback by name. The hook's signature is checked once, when attached: a keyword the hook
+never passes is an error, and a method without ``**kwargs`` receives only the names it declares.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+from ignite.engine.events import RemovableEventHandle
+
+from hat_ignite.engine.events import HOOK_EVENTS
+from hat_ignite.engine.state import accepted_kwargs
+from hat_ignite.errors import CallbackSignatureError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hat_ignite.engine.loop import LoopBase
+
+__all__ = ["HookCall", "attach_hooks", "check_hook_signature"]
+
+
+def check_hook_signature(owner: Any, hook: str, method: Callable) -> frozenset[str] | None:
+    """Check ``method`` against the keywords ``hook`` passes.
+
+    Args:
+        owner: the callback the method belongs to (named in the error).
+        hook: the HAT hook name, e.g. ``"on_step_end"``.
+        method: the bound hook method.
+
+    Returns:
+        ``None`` when the method takes ``**kwargs`` (it gets every keyword), else the set of
+        names to pass it.
+
+    Raises:
+        CallbackSignatureError: the method names a keyword the hook never passes, or takes
+            positional-only or ``*args`` parameters that a keyword call cannot fill.
+    """
+    if hook not in HOOK_EVENTS:
+        raise CallbackSignatureError(f"{hook!r} is not a HAT hook; the hooks are {', '.join(HOOK_EVENTS)}.")
+    available = accepted_kwargs(hook)
+    name = f"{type(owner).__name__}.{hook}"
+    params = inspect.signature(method).parameters.values()
+    takes_var_kw = False
+    wanted = set()
+    for p in params:
+        if p.kind is p.VAR_KEYWORD:
+            takes_var_kw = True
+        elif p.kind is p.VAR_POSITIONAL:
+            continue
+        elif p.kind is p.POSITIONAL_ONLY and p.default is p.empty:
+            raise CallbackSignatureError(
+                f"{name} has the positional-only parameter {p.name!r}; HAT hooks are called with "
+                f"keywords only. Make it a keyword parameter or take **kwargs."
+            )
+        elif p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+            if p.name not in available:
+                raise CallbackSignatureError(
+                    f"{name} asks for the keyword {p.name!r}, which {hook} never passes. "
+                    f"{hook} passes: {', '.join(sorted(available))}. Rename the parameter or read "
+                    f"it from **kwargs."
+                )
+            wanted.add(p.name)
+    return None if takes_var_kw else frozenset(wanted)
+
+
+class HookCall:
+    """The Ignite handler that calls one HAT hook with its keywords.
+
+    Holds the bound method (never the engine: Ignite passes the engine at each call), so
+    attaching a callback creates no reference cycle.
+    """
+
+    def __init__(self, hook: str, method: Callable, only: frozenset[str] | None) -> None:
+        self.hook = hook
+        self.method = method
+        self.only = only
+        owner = getattr(method, "__self__", None)
+        self.__name__ = hook
+        self.__qualname__ = f"{type(owner).__name__}.{hook}" if owner is not None else hook
+
+    def __call__(self, engine: LoopBase) -> None:
+        kwargs = engine.hook_kwargs(self.hook)
+        if self.only is None:
+            self.method(**kwargs)
+        else:
+            self.method(**{k: kwargs[k] for k in self.only})
+
+    def __repr__(self) -> str:
+        return f"<HookCall {self.__qualname__}>"
+
+
+def attach_hooks(engine: LoopBase, owner: Any, methods: Mapping[str, Callable]) -> list[RemovableEventHandle]:
+    """Attach each ``hook -> bound method`` of ``owner`` to ``engine``, in firing order.
+
+    Every signature is checked before anything is attached, so a bad callback attaches nothing.
+
+    Returns:
+        The handles; ``handle.remove()`` detaches a hook again.
+    """
+    calls = [
+        HookCall(hook, methods[hook], check_hook_signature(owner, hook, methods[hook]))
+        for hook in HOOK_EVENTS
+        if hook in methods
+    ]
+    return [engine.add_event_handler(HOOK_EVENTS[call.hook], call) for call in calls]

@@ -1,0 +1,84 @@
+"""HAT's loop events as Ignite custom events.
+
+The HAT loop, and the Ignite event each HAT event is fired from::
+
+    on_loop_begin                      <- Events.STARTED
+    for epoch_id in epochs:
+        on_epoch_begin                 <- Events.EPOCH_STARTED (after sampler.set_epoch)
+        for step_id, batch in loader:
+            on_step_begin              <- Events.ITERATION_STARTED
+            # the batch processor is Ignite's process function:
+            for batch_idx, b in batches_of_this_step:    # 1 for Basic, n for Multi
+                on_batch_begin         <- fired by the processor
+                forward, collect losses, (scaled) backward
+                on_backward_end        <- fired by the processor (training only)
+                on_batch_end           <- fired by the processor
+            grad accumulation / optimizer step (inside the processor)
+            on_step_end                <- Events.ITERATION_COMPLETED
+        on_epoch_end                   <- Events.EPOCH_COMPLETED, or at the end of the run when
+                                          stopping by step closes an epoch partway through
+    on_loop_end                        <- Events.COMPLETED
+
+Every event is registered on every hat-ignite engine, so Ignite handlers and event filters
+work on them as on Ignite's own events:
+
+>>> from ignite.engine import Engine
+>>> HatEvents.STEP_END.value
+'hat_step_end'
+>>> HOOK_EVENTS["on_step_end"] is HatEvents.STEP_END
+True
+>>> filtered = HatEvents.STEP_END(every=3)   # an Ignite event filter
+>>> filtered == HatEvents.STEP_END
+True
+"""
+
+from __future__ import annotations
+
+from ignite.engine import EventEnum
+
+__all__ = ["HatEvents", "HOOK_EVENTS", "EVENT_HOOKS", "EVENT_COUNTERS"]
+
+
+class HatEvents(EventEnum):
+    """The nine HAT loop events (see the module docstring for where each fires)."""
+
+    LOOP_BEGIN = "hat_loop_begin"
+    EPOCH_BEGIN = "hat_epoch_begin"
+    STEP_BEGIN = "hat_step_begin"
+    BATCH_BEGIN = "hat_batch_begin"
+    BACKWARD_END = "hat_backward_end"
+    BATCH_END = "hat_batch_end"
+    STEP_END = "hat_step_end"
+    EPOCH_END = "hat_epoch_end"
+    LOOP_END = "hat_loop_end"
+
+
+#: HAT callback method name -> the event it is attached to, in firing order.
+HOOK_EVENTS: dict[str, HatEvents] = {
+    "on_loop_begin": HatEvents.LOOP_BEGIN,
+    "on_epoch_begin": HatEvents.EPOCH_BEGIN,
+    "on_step_begin": HatEvents.STEP_BEGIN,
+    "on_batch_begin": HatEvents.BATCH_BEGIN,
+    "on_backward_end": HatEvents.BACKWARD_END,
+    "on_batch_end": HatEvents.BATCH_END,
+    "on_step_end": HatEvents.STEP_END,
+    "on_epoch_end": HatEvents.EPOCH_END,
+    "on_loop_end": HatEvents.LOOP_END,
+}
+
+EVENT_HOOKS: dict[HatEvents, str] = {event: hook for hook, event in HOOK_EVENTS.items()}
+
+#: The ``engine.state`` counter each event's filters (``every=``, ``once=``) count with.
+#: Step events count Ignite's 1-based ``iteration``, epoch and loop events its ``epoch``, and the
+#: per-batch events their own ``hat_batch_count`` (a MultiBatchProcessor step has several batches).
+EVENT_COUNTERS: dict[HatEvents, str] = {
+    HatEvents.LOOP_BEGIN: "epoch",
+    HatEvents.EPOCH_BEGIN: "epoch",
+    HatEvents.STEP_BEGIN: "iteration",
+    HatEvents.BATCH_BEGIN: "hat_batch_count",
+    HatEvents.BACKWARD_END: "hat_batch_count",
+    HatEvents.BATCH_END: "hat_batch_count",
+    HatEvents.STEP_END: "iteration",
+    HatEvents.EPOCH_END: "epoch",
+    HatEvents.LOOP_END: "epoch",
+}

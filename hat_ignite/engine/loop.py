@@ -1,0 +1,366 @@
+"""`LoopBase`: a HAT loop that *is* an Ignite :class:`~ignite.engine.Engine`.
+
+The batch processor is the engine's process function; HAT's nine hooks are Ignite custom events
+(:class:`~hat_ignite.engine.events.HatEvents`) fired from Ignite's own events by the small bridge
+functions below. There is no second loop: ``fit()`` prepares the state and calls ``run()``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Iterable, Sequence
+
+import torch
+from ignite.engine import Engine, Events
+
+from hat_ignite.engine.events import EVENT_COUNTERS, HatEvents
+from hat_ignite.engine.state import HatState, hook_kwargs
+
+__all__ = ["LoopBase", "build_if_config", "resolve_device"]
+
+logger = logging.getLogger(__name__)
+
+_STOP_BY = ("epoch", "step")
+
+
+def build_if_config(obj: Any, key: str, **default_args: Any) -> Any:
+    """Build ``obj`` through the registry when it is a config dict (has a ``type`` key).
+
+    Args:
+        obj: an object, or a config dict such as ``{"type": "torch.optim.SGD", "lr": 0.1}``.
+        key: the argument's name, used in error messages as the key path.
+        default_args: arguments passed to the constructor when the config does not set them.
+
+    Returns:
+        ``obj`` itself when it is not a config dict, else the built object.
+    """
+    if isinstance(obj, dict) and "type" in obj:
+        from hat_ignite.registry import build_from_cfg  # configs are optional: import on use
+
+        return build_from_cfg(obj, key_path=key, default_args=default_args or None)
+    if isinstance(obj, (list, tuple)) and any(isinstance(o, dict) and "type" in o for o in obj):
+        return type(obj)(build_if_config(o, f"{key}[{i}]", **default_args) for i, o in enumerate(obj))
+    return obj
+
+
+def resolve_device(device: int | str | torch.device | None) -> torch.device:
+    """Turn HAT's ``device`` argument into a :class:`torch.device`.
+
+    ``None`` is the CPU and an int is a CUDA device id, as in HAT.
+
+    >>> resolve_device(None)
+    device(type='cpu')
+    >>> resolve_device("cpu")
+    device(type='cpu')
+    """
+    if device is None:
+        return torch.device("cpu")
+    if isinstance(device, bool):
+        raise TypeError(f"device must be None (CPU) or an int GPU id, got {device!r}.")
+    if isinstance(device, int):
+        if not torch.cuda.is_available():
+            raise RuntimeError(
+                f"device={device} asks for CUDA device {device}, but this torch has no usable CUDA "
+                f"(torch {torch.__version__}). Use device=None to run on the CPU."
+            )
+        return torch.device("cuda", device)
+    return torch.device(device)
+
+
+def _loader_length(data_loader: Iterable) -> int | None:
+    try:
+        return len(data_loader)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+
+
+def _set_sampler_epoch(data_loader: Iterable, epoch_id: int) -> None:
+    """Call ``set_epoch`` on the loader's sampler(s), as DistributedSampler needs each epoch."""
+    for owner in (data_loader, getattr(data_loader, "batch_sampler", None)):
+        sampler = getattr(owner, "sampler", None)
+        set_epoch = getattr(sampler, "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(epoch_id)
+            return
+
+
+# Bridge handlers: module-level functions (Ignite passes the engine through a weak reference),
+# so registering them creates no reference cycle.
+def _on_started(engine: LoopBase) -> None:
+    engine.state.storage = {}
+    engine.state.hat_batch_count = 0
+    engine.state.epoch_open = False
+    engine.set_model_mode()
+    engine.fire_event(HatEvents.LOOP_BEGIN)
+
+
+def _on_epoch_started(engine: LoopBase) -> None:
+    state = engine.state
+    _set_sampler_epoch(engine.data_loader, state.epoch - 1)
+    if state.epoch_length:
+        state.epoch_first_step = (state.epoch - 1) * state.epoch_length
+    else:
+        state.epoch_first_step = state.iteration
+    state.epoch_open = True
+    engine.fire_event(HatEvents.EPOCH_BEGIN)
+
+
+def _on_iteration_started(engine: LoopBase) -> None:
+    state = engine.state
+    state.step_id = state.iteration - 1 - state.epoch_first_step
+    engine.fire_event(HatEvents.STEP_BEGIN)
+
+
+def _on_iteration_completed(engine: LoopBase) -> None:
+    engine.fire_event(HatEvents.STEP_END)
+
+
+def _close_epoch(engine: LoopBase) -> None:
+    finish = getattr(engine.batch_processor, "finish_epoch", None)
+    if finish is not None:
+        finish(engine)
+    engine.state.epoch_open = False
+    engine.fire_event(HatEvents.EPOCH_END)
+
+
+def _on_completed(engine: LoopBase) -> None:
+    if engine.state.epoch_open:  # a step limit or terminate() stopped the epoch partway
+        _close_epoch(engine)
+    engine.fire_event(HatEvents.LOOP_END)
+
+
+def _log_progress(engine: LoopBase) -> None:
+    state = engine.state
+    if state.iteration % engine.log_interval:
+        return
+    losses = state.losses
+    text = ""
+    if isinstance(losses, torch.Tensor):
+        text = f" loss={losses.detach().float().sum().item():.6g}"
+    elif isinstance(losses, (list, tuple)) and losses:
+        total = sum(float(t.detach().float().sum()) for t in losses if isinstance(t, torch.Tensor))
+        text = f" loss={total:.6g}"
+    engine.logger.info(
+        "Epoch[%d] Step[%d] GlobalStep[%d]%s", state.epoch - 1, state.step_id, state.iteration - 1, text
+    )
+
+
+class LoopBase(Engine):
+    """The data flow from ``data_loader`` through the batch processor, with HAT's callbacks.
+
+    A ``LoopBase`` is an Ignite ``Engine``: attach any Ignite handler with ``on()`` /
+    ``add_event_handler()``, on Ignite's events or on :class:`HatEvents`. It runs on the CPU
+    (``device=None``) or on one GPU (``device`` an int id).
+
+    Args:
+        model: a ``torch.nn.Module`` or a model config.
+        data_loader: an iterable of batches (a ``DataLoader``) or its config.
+        optimizer: an optimizer, an optimizer config (it gets the model's parameters), or
+            ``None`` for loops that do not update parameters.
+        batch_processor: the process function, e.g. a ``BasicBatchProcessor``, or its config.
+        device: ``None`` for the CPU or an int CUDA device id (the model and every batch are
+            moved there).
+        model_convert_pipeline: a callable ``model -> model`` (or a list of them, or configs)
+            applied to the model before it is moved to ``device``.
+        resume_optimizer: whether a resumed checkpoint also restores the optimizer state.
+        resume_epoch_or_step: whether a resumed checkpoint also restores the epoch/step.
+        stop_by: ``"epoch"`` (stop after ``num_epochs`` epochs) or ``"step"`` (stop after
+            ``num_steps`` steps, crossing epoch boundaries as needed).
+        num_epochs: epochs to run when ``stop_by="epoch"``; ``0`` runs only the loop begin/end
+            hooks.
+        start_epoch: 0-based epoch to start from.
+        num_steps: steps to run when ``stop_by="step"``; ``0`` runs only the loop begin/end
+            hooks.
+        start_step: 0-based global step to start from.
+        callbacks: HAT callbacks (or their configs), or any object with ``attach(engine)``
+            such as an Ignite handler; attached in list order.
+        train_metrics: metrics on the training data, passed to every hook.
+        val_metrics: metrics on the validation data, passed to every hook.
+        profiler: a profiler passed to every hook (``None`` for none).
+        log_interval: log epoch/step and the loss every ``log_interval`` steps (``0``: never).
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module | dict,
+        data_loader: Iterable | dict,
+        optimizer: torch.optim.Optimizer | dict | None,
+        batch_processor: Callable | dict,
+        device: int | None,
+        model_convert_pipeline: Callable | Sequence[Callable] | dict | None = None,
+        resume_optimizer: bool = False,
+        resume_epoch_or_step: bool = False,
+        stop_by: str | None = "epoch",
+        num_epochs: int | None = None,
+        start_epoch: int | None = 0,
+        num_steps: int | None = None,
+        start_step: int | None = 0,
+        callbacks: Sequence[Any] | None = None,
+        train_metrics: Any = None,
+        val_metrics: Any = None,
+        profiler: Any = None,
+        log_interval: int = 0,
+    ) -> None:
+        batch_processor = build_if_config(batch_processor, "batch_processor")
+        if not callable(batch_processor):
+            raise TypeError(
+                f"batch_processor must be callable as processor(engine, batch), got "
+                f"{type(batch_processor).__name__}. Use a BasicBatchProcessor or MultiBatchProcessor."
+            )
+        super().__init__(batch_processor)
+        self.state = HatState()
+        self.register_events(*HatEvents, event_to_attr=EVENT_COUNTERS)
+        self.logger = logging.getLogger(f"hat_ignite.engine.{type(self).__name__}")
+
+        stop_by = (stop_by or "epoch").lower()
+        if stop_by not in _STOP_BY:
+            raise ValueError(f"stop_by must be 'epoch' or 'step', got {stop_by!r}.")
+        for name, value in (("num_epochs", num_epochs), ("num_steps", num_steps)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise ValueError(f"{name} must be a non-negative integer, got {value!r}.")
+        if stop_by == "epoch" and num_epochs is None:
+            raise ValueError("stop_by='epoch' needs num_epochs (a non-negative integer).")
+        if stop_by == "step" and num_steps is None:
+            raise ValueError("stop_by='step' needs num_steps (a non-negative integer).")
+        for name, value in (("start_epoch", start_epoch), ("start_step", start_step)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise ValueError(f"{name} must be a non-negative integer, got {value!r}.")
+        if not isinstance(log_interval, int) or log_interval < 0:
+            raise ValueError(f"log_interval must be a non-negative integer, got {log_interval!r}.")
+
+        self.device = device
+        self.torch_device = resolve_device(device)
+        model = build_if_config(model, "model")
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module or a model config, got {type(model).__name__}.")
+        pipeline = build_if_config(model_convert_pipeline, "model_convert_pipeline")
+        for convert in ([] if pipeline is None else pipeline if isinstance(pipeline, (list, tuple)) else [pipeline]):
+            model = convert(model)
+        self.model = model.to(self.torch_device) if self.torch_device.type != "cpu" else model
+        self.data_loader = build_if_config(data_loader, "data_loader")
+        if optimizer is not None and isinstance(optimizer, dict):
+            from hat_ignite.registry import build_optimizer
+
+            optimizer = build_optimizer(optimizer, self.model, key_path="optimizer")
+        self.optimizer = optimizer
+        self.batch_processor = batch_processor
+        self.model_convert_pipeline = pipeline
+        self.resume_optimizer = resume_optimizer
+        self.resume_epoch_or_step = resume_epoch_or_step
+        self.stop_by = stop_by
+        self.num_epochs = num_epochs
+        self.start_epoch = start_epoch or 0
+        self.num_steps = num_steps
+        self.start_step = start_step or 0
+        self.train_metrics = build_if_config(train_metrics, "train_metrics")
+        self.val_metrics = build_if_config(val_metrics, "val_metrics")
+        self.profiler = profiler
+        self.log_interval = log_interval
+        self.ema_model: torch.nn.Module | None = None
+        self.checkpoint: Any = None
+        self._kwargs_cache: dict[str, dict[str, Any]] = {}
+
+        for event, bridge in (
+            (Events.STARTED, _on_started),
+            (Events.EPOCH_STARTED, _on_epoch_started),
+            (Events.ITERATION_STARTED, _on_iteration_started),
+            (Events.ITERATION_COMPLETED, _on_iteration_completed),
+            (Events.EPOCH_COMPLETED, _close_epoch),
+            (Events.COMPLETED, _on_completed),
+        ):
+            self.add_event_handler(event, bridge)
+        if log_interval:
+            self.add_event_handler(HatEvents.STEP_END, _log_progress)
+
+        self.callbacks: list[Any] = []
+        self._callback_handles: list[Any] = []
+        self.attach_callbacks(callbacks or [])
+
+    # -- callbacks -------------------------------------------------------------------------
+    def attach_callbacks(self, callbacks: Sequence[Any], key: str = "callbacks") -> list[Any]:
+        """Build (if configs) and attach ``callbacks`` in order; return the built objects."""
+        built = []
+        for i, cb in enumerate(callbacks):
+            cb = build_if_config(cb, f"{key}[{i}]")
+            attach = getattr(cb, "attach", None)
+            if not callable(attach):
+                raise TypeError(
+                    f"{key}[{i}] is a {type(cb).__name__}, which has no attach(engine) method. A "
+                    f"callback must be a hat_ignite CallbackMixin or an Ignite-style handler with "
+                    f"attach(engine); a plain function can be attached with engine.add_event_handler."
+                )
+            handles = attach(self)
+            if isinstance(handles, list):
+                self._callback_handles.extend(handles)
+            built.append(cb)
+        self.callbacks.extend(built)
+        return built
+
+    def set_model_mode(self) -> None:
+        """Put the model in the mode the loop needs; called right before ``on_loop_begin``."""
+
+    # -- events ----------------------------------------------------------------------------
+    def fire_event(self, event_name: Any) -> None:
+        """Fire an event; HAT events with no handler cost one dict lookup.
+
+        Handlers of a HAT event share one keyword dict per firing, built on first use (see
+        :meth:`hook_kwargs`).
+        """
+        if event_name.__class__ is HatEvents:
+            if not self._event_handlers.get(event_name):
+                return
+            outer = self._kwargs_cache
+            self._kwargs_cache = {}
+            try:
+                self._fire_event(event_name)
+            finally:
+                self._kwargs_cache = outer
+            return
+        super().fire_event(event_name)
+
+    def hook_kwargs(self, hook: str) -> dict[str, Any]:
+        """The keywords HAT passes to ``hook`` right now (built once per firing)."""
+        kwargs = self._kwargs_cache.get(hook)
+        if kwargs is None:
+            kwargs = self._kwargs_cache[hook] = hook_kwargs(hook, self)
+        return kwargs
+
+    # -- running ---------------------------------------------------------------------------
+    def _nothing_to_run(self) -> bool:
+        if self.stop_by == "epoch":
+            return self.num_epochs == 0 or self.start_epoch >= self.num_epochs
+        return self.num_steps == 0 or self.start_step >= self.num_steps
+
+    def fit(self) -> HatState:
+        """Run the loop until ``num_epochs`` epochs or ``num_steps`` steps are done.
+
+        Returns:
+            The engine's state after the run.
+        """
+        if self._nothing_to_run():
+            self.state.epoch = self.start_epoch
+            self.state.iteration = self.start_step
+            _on_started(self)
+            _on_completed(self)
+            return self.state
+        length = _loader_length(self.data_loader)
+        limit = {"max_epochs": self.num_epochs} if self.stop_by == "epoch" else {"max_iters": self.num_steps}
+        self.state.max_epochs = self.state.max_iters = None
+        if self.start_epoch or self.start_step:
+            if not length:
+                raise ValueError(
+                    "start_epoch/start_step need a data_loader with a length (len(data_loader)), "
+                    f"but {type(self.data_loader).__name__} has none."
+                )
+            iteration = self.start_step or self.start_epoch * length
+            if self.start_step and self.start_epoch and self.start_epoch != self.start_step // length:
+                raise ValueError(
+                    f"start_epoch={self.start_epoch} and start_step={self.start_step} disagree: with "
+                    f"{length} steps per epoch, step {self.start_step} is in epoch "
+                    f"{self.start_step // length}. Give one of them, or both consistent."
+                )
+            self.load_state_dict({"iteration": iteration, "epoch_length": length, **limit})
+            self.run(self.data_loader)
+        else:
+            self.run(self.data_loader, **limit)
+        return self.state

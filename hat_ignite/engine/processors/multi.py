@@ -1,0 +1,92 @@
+"""`MultiBatchProcessor`: several batches forwarded and backwarded within one step."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+import torch
+
+from hat_ignite.engine.processors.base import BatchProcessorMixin
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hat_ignite.engine.loop import LoopBase
+
+__all__ = ["MultiBatchProcessor"]
+
+
+class MultiBatchProcessor(BatchProcessorMixin):
+    """Forward/backward several batches, then update once: one step, many batches.
+
+    A **tuple** batch holds several batches (``(batch_task1, batch_task2, ...)``, e.g. one per
+    task of a multitask model, or several chunks of a batch too big for memory); anything else
+    (a dict, a list, a tensor) is one batch. For each batch the processor fires ``BATCH_BEGIN``,
+    ``BACKWARD_END`` (training) and ``BATCH_END`` with ``batch_idx``; the optimizer steps once
+    after the last batch. Returns the list of each batch's outputs for a tuple batch, else the
+    single batch's outputs.
+
+    Args:
+        need_grad_update: see :class:`BasicBatchProcessor`.
+        batch_transforms: see :class:`BasicBatchProcessor` (applied to each batch).
+        inverse_transforms: see :class:`BasicBatchProcessor`.
+        loss_collector: see :class:`BasicBatchProcessor`.
+        enable_amp: see :class:`BasicBatchProcessor`.
+        enable_amp_dtype: see :class:`BasicBatchProcessor`.
+        enable_apex: not supported; ``True`` raises an error naming the native AMP options.
+        enable_channels_last: see :class:`BasicBatchProcessor`.
+        channels_last_keys: see :class:`BasicBatchProcessor`.
+        delay_sync: under DDP, backward all but the last batch of a step inside
+            ``model.no_sync()`` so gradients are all-reduced once per step.
+        empty_cache: call ``torch.cuda.empty_cache()`` after each batch and after the step.
+        grad_scaler: see :class:`BasicBatchProcessor`.
+        grad_accumulation_step: update every this many steps (an int, or its digits as a
+            string); gradients are not synchronised on the steps in between.
+        check_finite_loss: see :class:`BasicBatchProcessor`.
+    """
+
+    def __init__(
+        self,
+        need_grad_update: bool,
+        batch_transforms: Sequence[Callable] | Callable | None = None,
+        inverse_transforms: Sequence[Callable] | Callable | None = None,
+        loss_collector: Callable | None = None,
+        enable_amp: bool = False,
+        enable_amp_dtype: torch.dtype | str = torch.float16,
+        enable_apex: bool = False,
+        enable_channels_last: bool = False,
+        channels_last_keys: Sequence[str] | None = None,
+        delay_sync: bool = False,
+        empty_cache: bool = False,
+        grad_scaler: Any = None,
+        grad_accumulation_step: int | str = 1,
+        check_finite_loss: bool = True,
+    ) -> None:
+        self._setup(
+            need_grad_update, batch_transforms, inverse_transforms, loss_collector, enable_amp,
+            enable_amp_dtype, enable_apex, enable_channels_last, channels_last_keys, grad_scaler,
+            grad_accumulation_step, check_finite_loss,
+        )
+        self.delay_sync = delay_sync
+        self.empty_cache = empty_cache
+
+    def _maybe_empty_cache(self, engine: LoopBase) -> None:
+        if self.empty_cache and engine.torch_device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def __call__(self, engine: LoopBase, batch: Any) -> Any:
+        batches = batch if isinstance(batch, tuple) else (batch,)
+        last = len(batches) - 1
+        if self.need_grad_update:
+            divisor, step_now = self._begin_step(engine)
+        else:
+            divisor, step_now = 1, False
+        outputs = []
+        for idx, sub_batch in enumerate(batches):
+            # Gradients are synchronised on the backward that ends the step's update; with
+            # delay_sync on, also never before the step's last batch.
+            sync = step_now and (idx == last or not self.delay_sync)
+            outputs.append(self._run_batch(engine, sub_batch, idx, divisor, sync, False))
+            self._maybe_empty_cache(engine)
+        if self.need_grad_update and step_now:
+            self._optimizer_step(engine)
+        self._maybe_empty_cache(engine)
+        return outputs if isinstance(batch, tuple) else outputs[0]

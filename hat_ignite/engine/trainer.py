@@ -1,0 +1,42 @@
+"""`Trainer`: the HAT training loop on one device (CPU or one GPU)."""
+
+from __future__ import annotations
+
+from hat_ignite.engine.loop import LoopBase
+
+__all__ = ["Trainer"]
+
+
+class Trainer(LoopBase):
+    """A training loop: forward, backward and parameter update on every step.
+
+    Takes exactly :class:`~hat_ignite.engine.loop.LoopBase`'s arguments. The model is put in
+    training mode right before ``on_loop_begin``. The distributed trainers differ from it only in
+    how the model is wrapped and where it runs.
+
+    Example:
+        >>> import torch
+        >>> from hat_ignite.engine import Trainer
+        >>> from hat_ignite.engine.processors import BasicBatchProcessor
+        >>> class Net(torch.nn.Module):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.fc = torch.nn.Linear(4, 2)
+        ...     def forward(self, x, y):
+        ...         return {"loss": torch.nn.functional.cross_entropy(self.fc(x), y)}
+        >>> _ = torch.manual_seed(0)
+        >>> data = [(torch.randn(8, 4), torch.randint(0, 2, (8,))) for _ in range(3)]
+        >>> model = Net()
+        >>> trainer = Trainer(
+        ...     model=model, data_loader=data,
+        ...     optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        ...     batch_processor=BasicBatchProcessor(need_grad_update=True,
+        ...                                         loss_collector=lambda outs: [outs["loss"]]),
+        ...     device=None, num_epochs=2)
+        >>> state = trainer.fit()
+        >>> state.epoch, state.iteration
+        (2, 6)
+    """
+
+    def set_model_mode(self) -> None:
+        self.model.train()
