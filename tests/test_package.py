@@ -30,8 +30,6 @@ def test_import_has_no_side_effects():
         "import hat_ignite, hat_ignite.engine, hat_ignite.callbacks\n"
         "assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before\n"
         "assert logging.getLogger().handlers == []\n"
-        "assert 'hat_ignite.callbacks' not in sys.modules or True\n"
-        "import importlib; sys.modules.pop('hat_ignite.callbacks', None)\n"
         "print('tensorboardX' in sys.modules)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)

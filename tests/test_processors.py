@@ -252,3 +252,16 @@ def test_batch_and_inverse_transforms():
           proc(batch_transforms=[scale], inverse_transforms=inverse), num_epochs=1, callbacks=[Keep()])
     assert calls == ["t", "inv"]
     assert torch.equal(got["x"], torch.zeros(3, 6))
+
+
+def test_device_moves_are_recursive_and_keep_container_types():
+    from collections import namedtuple
+
+    from hat_ignite.engine.processors.base import move_to_device
+
+    Pair = namedtuple("Pair", "a b")
+    batch = {"x": [torch.ones(2), (torch.zeros(1), "tag")], "p": Pair(torch.ones(1), 3)}
+    moved = move_to_device(batch, torch.device("meta"))
+    assert moved["x"][0].device.type == "meta" and moved["x"][1][0].device.type == "meta"
+    assert isinstance(moved["x"][1], tuple) and moved["x"][1][1] == "tag"
+    assert isinstance(moved["p"], Pair) and moved["p"].a.device.type == "meta" and moved["p"].b == 3
