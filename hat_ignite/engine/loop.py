@@ -239,7 +239,7 @@ class LoopBase(Engine):
         self.model = model.to(self.torch_device) if self.torch_device.type != "cpu" else model
         self.data_loader = build_if_config(data_loader, "data_loader")
         if optimizer is not None and isinstance(optimizer, dict):
-            from hat_ignite.registry import build_optimizer
+            from hat_ignite.optimizers import build_optimizer
 
             optimizer = build_optimizer(optimizer, self.model, key_path="optimizer")
         self.optimizer = optimizer
@@ -317,6 +317,28 @@ class LoopBase(Engine):
                 self._kwargs_cache = outer
             return
         super().fire_event(event_name)
+
+    def event_handlers(self, event: Any) -> list[str]:
+        """Names of the handlers registered on ``event``, in the order they fire.
+
+        A HAT callback's hook shows as ``Class.on_hook``, another handler by its qualified name.
+
+        Example:
+            >>> import torch
+            >>> from hat_ignite.engine import BasicBatchProcessor, HatEvents, Predictor
+            >>> from hat_ignite.callbacks import CallbackMixin
+            >>> class Ping(CallbackMixin):
+            ...     def on_step_end(self, **kwargs): pass
+            >>> predictor = Predictor(model=torch.nn.Linear(2, 1), data_loader=[torch.zeros(1, 2)],
+            ...     batch_processor=BasicBatchProcessor(need_grad_update=False), callbacks=[Ping()])
+            >>> predictor.event_handlers(HatEvents.STEP_END)
+            ['Ping.on_step_end']
+        """
+        names = []
+        for handler, _, _ in self._event_handlers.get(event, []):
+            target = getattr(handler, "__wrapped__", handler)
+            names.append(getattr(target, "__qualname__", None) or type(target).__qualname__)
+        return names
 
     def hook_kwargs(self, hook: str) -> dict[str, Any]:
         """The keywords HAT passes to ``hook`` right now (built once per firing)."""
