@@ -1,0 +1,45 @@
+"""The table of built-in registered names: HAT name -> ``"module:attribute"`` import path.
+
+Kept apart from :mod:`hat_ignite.registry` so adding a component is a one-line change here and
+importing the table imports nothing else.
+"""
+
+from __future__ import annotations
+
+__all__ = ["BUILTIN_OBJECTS"]
+
+#: Built-in registered names -> ``"module:attribute"`` import paths, imported lazily on lookup.
+BUILTIN_OBJECTS: dict[str, str] = {
+    # engines and batch processors
+    "LoopBase": "hat_ignite.engine.loop:LoopBase",
+    "Trainer": "hat_ignite.engine.trainer:Trainer",
+    "Predictor": "hat_ignite.engine.predictor:Predictor",
+    "BasicBatchProcessor": "hat_ignite.engine.processors.basic:BasicBatchProcessor",
+    "MultiBatchProcessor": "hat_ignite.engine.processors.multi:MultiBatchProcessor",
+    "collect_loss_by_index": "hat_ignite.engine.processors.loss_collectors:collect_loss_by_index",
+    "collect_loss_by_regex": "hat_ignite.engine.processors.loss_collectors:collect_loss_by_regex",
+    # callbacks
+    "CallbackMixin": "hat_ignite.callbacks.base:CallbackMixin",
+    "Checkpoint": "hat_ignite.callbacks.checkpoint:Checkpoint",
+    "LoadCheckpoint": "hat_ignite.callbacks.checkpoint_state:LoadCheckpoint",
+    "StatsMonitor": "hat_ignite.callbacks.stats_monitor:StatsMonitor",
+    "MetricUpdater": "hat_ignite.callbacks.metric_updater:MetricUpdater",
+    "StepDecayLrUpdater": "hat_ignite.callbacks.lr_updater:StepDecayLrUpdater",
+    "CosLrUpdater": "hat_ignite.callbacks.lr_updater:CosLrUpdater",
+    "CosineAnnealingLrUpdater": "hat_ignite.callbacks.lr_updater:CosineAnnealingLrUpdater",
+    "PolyLrUpdater": "hat_ignite.callbacks.lr_updater:PolyLrUpdater",
+    "OneCycleUpdater": "hat_ignite.callbacks.lr_updater:OneCycleUpdater",
+    "CyclicLrUpdater": "hat_ignite.callbacks.lr_updater:CyclicLrUpdater",
+    "NoamLrUpdater": "hat_ignite.callbacks.lr_updater:NoamLrUpdater",
+    "Validation": "hat_ignite.callbacks.validation:Validation",
+    "MeanTeacherValidation": "hat_ignite.callbacks.validation:MeanTeacherValidation",
+    # metrics
+    "Accuracy": "hat_ignite.metrics.classification:Accuracy",
+    "TopKAccuracy": "hat_ignite.metrics.classification:TopKAccuracy",
+    "LossShow": "hat_ignite.metrics.loss:LossShow",
+    "MeanIoU": "hat_ignite.metrics.segmentation:MeanIoU",
+    "MeanIOU": "hat_ignite.metrics.segmentation:MeanIOU",  # HAT's spelling of MeanIoU
+    # data and models
+    "DigitsDataset": "hat_ignite.data.digits:DigitsDataset",
+    "MLPClassifier": "hat_ignite.models.mlp:MLPClassifier",
+}

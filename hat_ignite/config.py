@@ -1,0 +1,365 @@
+"""Python config files, command-line overrides, and a readable dump of the resolved config.
+
+A config is a Python file of plain assignments, as in HAT. It may import modules and define
+functions (a ``loss_collector``, an ``update_metric``); every top-level name that does not start
+with ``_`` and is not a module becomes a config key. Objects are described by dicts with a ``type``
+key and built later by :mod:`hat_ignite.registry`.
+
+Stages are top-level keys named ``{stage}_trainer``, ``{stage}_predictor`` or
+``{stage}_calibrator`` (``float_trainer``, ``qat_trainer``, ``int_infer_predictor`` ...).
+
+>>> import tempfile, os
+>>> path = os.path.join(tempfile.mkdtemp(), "toy.py")
+>>> _ = open(path, "w").write("lr = 0.1\\nfloat_trainer = dict(type='Trainer', num_epochs=2)\\n")
+>>> cfg = Config.fromfile(path)
+>>> cfg.merge_opts(["float_trainer.num_epochs=5", "lr=1e-2"])
+>>> cfg["float_trainer"]["num_epochs"], cfg["lr"]
+(5, 0.01)
+>>> cfg.stages()
+{'float': ['float_trainer']}
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import math
+import os
+import pprint
+import re
+import traceback
+import types
+from collections.abc import Mapping
+from typing import Any, Iterator, Sequence
+
+from hat_ignite.errors import ConfigError
+
+__all__ = ["Config", "parse_opts", "STAGE_SUFFIXES"]
+
+#: Key suffixes that mark a stage's engine config.
+STAGE_SUFFIXES: tuple[str, ...] = ("_trainer", "_predictor", "_calibrator")
+
+_NAME = r"[^.\[\]\s]+"
+_KEY_PATH = re.compile(rf"{_NAME}(?:\.{_NAME}|\[-?\d+\])*")
+_KEY_PART = re.compile(rf"\.?({_NAME})|\[(-?\d+)\]")
+_OPT_FORM = "KEY=VALUE, e.g. float_trainer.num_epochs=3 or float_trainer.callbacks[1].lr=0.1"
+
+
+def _split_key(key: str, item: str) -> list[str | int]:
+    """``"a.b[2].c"`` -> ``["a", "b", 2, "c"]``; numeric dotted parts (``a.2``) are indexes too."""
+    if not _KEY_PATH.fullmatch(key):
+        raise ConfigError(f"--opts item {item!r}: {key!r} is not a key path. Expected {_OPT_FORM}.")
+    parts: list[str | int] = []
+    for m in _KEY_PART.finditer(key):
+        name, index = m.groups()
+        parts.append(int(index) if index is not None else int(name) if re.fullmatch(r"-?\d+", name) else name)
+    if not isinstance(parts[0], str):
+        raise ConfigError(f"--opts item {item!r}: a key path starts with a top-level name. Expected {_OPT_FORM}.")
+    return parts
+
+
+def parse_opts(opts: Sequence[str]) -> list[tuple[list[str | int], Any]]:
+    """Parse ``--opts`` items ``KEY=VALUE`` into ``(key parts, value)`` pairs.
+
+    Values are read with :func:`ast.literal_eval` (numbers, ``None``, ``True``, lists, dicts,
+    quoted strings); anything else is kept as a string.
+
+    Raises:
+        ConfigError: an item that is not ``KEY=VALUE`` or whose key is not a key path.
+
+    >>> parse_opts(["a.b=1", "c=[1, 2]", "d=hello", "e[0]=None"])
+    [(['a', 'b'], 1), (['c'], [1, 2]), (['d'], 'hello'), (['e', 0], None)]
+    """
+    parsed = []
+    for item in opts:
+        if not isinstance(item, str) or "=" not in item:
+            raise ConfigError(f"--opts item {item!r} has no '='. Expected {_OPT_FORM}.")
+        key, _, text = item.partition("=")
+        parts = _split_key(key.strip(), item)
+        try:
+            value = ast.literal_eval(text.strip())
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            value = text
+        parsed.append((parts, value))
+    return parsed
+
+
+def _format_path(parts: Sequence[str | int]) -> str:
+    out = ""
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else p)
+    return out
+
+
+def _exec_error(path: str, exc: BaseException) -> ConfigError:
+    """Name the config line an exception was raised on."""
+    line = None
+    for frame in traceback.extract_tb(exc.__traceback__):
+        if frame.filename == path:
+            line = frame.lineno
+    where = f"{path}:{line}" if line else path
+    return ConfigError(f"{where}: running the config raised {type(exc).__name__}: {exc}")
+
+
+class Config(Mapping):
+    """The top-level names of a config file, plus the file they came from.
+
+    A mapping of the config's values, which are plain dicts, lists and objects as the file made
+    them; :meth:`merge_opts` applies ``--opts`` overrides to them in place.
+
+    Args:
+        data: the config values.
+        filename: the file they were read from (used in error messages and the dump).
+    """
+
+    def __init__(self, data: Mapping[str, Any], filename: str = "<config>") -> None:
+        self._data = dict(data)
+        self.filename = filename
+        self.overrides: list[str] = []
+
+    # -- loading ---------------------------------------------------------------------------
+    @classmethod
+    def fromfile(cls, path: str | os.PathLike) -> Config:
+        """Run a ``.py`` config file and collect its top-level names.
+
+        Raises:
+            ConfigError: the file is missing or not ``.py``, has a syntax error (with the line),
+                or raises while it runs (with the line).
+        """
+        path = os.path.abspath(os.fspath(path))
+        if not os.path.isfile(path):
+            what = "is a directory" if os.path.isdir(path) else "does not exist"
+            raise ConfigError(f"config file {path} {what}. Pass the path of a .py config file.")
+        if not path.endswith(".py"):
+            raise ConfigError(f"config file {path} is not a .py file; configs are Python files of assignments.")
+        with open(path, encoding="utf-8") as f:
+            source = f.read()
+        try:
+            code = compile(source, path, "exec")
+        except SyntaxError as exc:
+            line = (exc.text or "").rstrip("\n")
+            shown = line.lstrip()
+            column = max((exc.offset or 1) - 1 - (len(line) - len(shown)), 0)
+            caret = f"\n    {shown}\n    {' ' * column}^" if shown else ""
+            raise ConfigError(
+                f"{path}:{exc.lineno}: syntax error: {exc.msg}.{caret}\nFix that line and run again."
+            ) from None
+        stem = re.sub(r"\W", "_", os.path.splitext(os.path.basename(path))[0])
+        namespace: dict[str, Any] = {"__file__": path, "__name__": f"hat_config.{stem}", "__builtins__": __builtins__}
+        try:
+            exec(code, namespace)
+        except Exception as exc:  # any error the user's file raises
+            raise _exec_error(path, exc) from exc
+        data = {
+            k: v for k, v in namespace.items() if not k.startswith("_") and not isinstance(v, types.ModuleType)
+        }
+        return cls(data, filename=path)
+
+    # -- mapping ---------------------------------------------------------------------------
+    def __getitem__(self, key: str) -> Any:
+        try:
+            return self._data[key]
+        except KeyError:
+            raise KeyError(self._missing(key)) from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self._data[key] = value
+
+    def _missing(self, key: str) -> str:
+        close = difflib.get_close_matches(key, list(self._data), n=3)
+        hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
+        return f"{self.filename} has no key {key!r}.{hint}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config values as a plain dict (not a copy of the values)."""
+        return dict(self._data)
+
+    # -- stages ----------------------------------------------------------------------------
+    def stages(self) -> dict[str, list[str]]:
+        """Map each stage name to its engine keys, in config order.
+
+        >>> Config({"float_trainer": {}, "float_predictor": {}, "qat_trainer": {}, "lr": 1}).stages()
+        {'float': ['float_trainer', 'float_predictor'], 'qat': ['qat_trainer']}
+        """
+        found: dict[str, list[str]] = {}
+        for key, value in self._data.items():
+            for suffix in STAGE_SUFFIXES:
+                if key.endswith(suffix) and len(key) > len(suffix) and isinstance(value, Mapping):
+                    found.setdefault(key[: -len(suffix)], []).append(key)
+        return found
+
+    def stage_key(self, stage: str, kind: str) -> str:
+        """The key of ``stage``'s ``kind`` engine (``"trainer"``, ``"predictor"``), checked.
+
+        Raises:
+            ConfigError: the config has no such key; the message lists the stages it has.
+        """
+        key = f"{stage}_{kind}"
+        if isinstance(self._data.get(key), Mapping):
+            return key
+        with_kind = [s for s, keys in self.stages().items() if f"{s}_{kind}" in keys]
+        listing = ", ".join(with_kind) if with_kind else "none"
+        raise ConfigError(
+            f"{self.filename} has no {key!r}: stage {stage!r} has no {kind}. Stages with a {kind}: "
+            f"{listing}. Pick one with --stage."
+        )
+
+    # -- overrides -------------------------------------------------------------------------
+    def merge_opts(self, opts: Sequence[str]) -> None:
+        """Apply ``--opts`` items (``KEY=VALUE``) in place, in order.
+
+        Each value replaces what is at its key path after the file ran (changing ``lr`` does not
+        change a ``float_trainer`` dict that already copied the old ``lr``). The last part of a
+        path may be a new dict key; every earlier part must exist.
+
+        Raises:
+            ConfigError: a malformed item or a key path that does not exist.
+        """
+        for (parts, value), item in zip(parse_opts(opts), opts):
+            self._set(parts, value, item)
+            self.overrides.append(item)
+
+    def _set(self, parts: list[str | int], value: Any, item: str) -> None:
+        node: Any = self._data
+        for depth, part in enumerate(parts):
+            last = depth == len(parts) - 1
+            where = _format_path(parts[: depth + 1])
+            if isinstance(node, Mapping) and not isinstance(part, int):
+                if last:
+                    node[part] = value  # type: ignore[index]
+                    return
+                if part not in node:
+                    close = difflib.get_close_matches(part, [str(k) for k in node], n=3)
+                    hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
+                    raise ConfigError(f"--opts item {item!r}: {self.filename} has no key {where!r}.{hint}")
+                node = node[part]
+            elif isinstance(node, list) and isinstance(part, int):
+                if not -len(node) <= part < len(node):
+                    raise ConfigError(
+                        f"--opts item {item!r}: index {part} is out of range at {where!r} (a list of {len(node)})."
+                    )
+                if last:
+                    node[part] = value
+                    return
+                node = node[part]
+            else:
+                kind = "an index" if isinstance(part, int) else "a key"
+                raise ConfigError(
+                    f"--opts item {item!r}: {where!r} uses {kind} on a {type(node).__name__} value "
+                    f"({node!r:.60}); only dicts have keys and lists have indexes."
+                )
+
+    def relocate_paths(self, old: str, new: str) -> int:
+        """Move every string path at or under ``old`` to the same place under ``new``, in place.
+
+        Used when the work dir is changed from the command line: a checkpoint dir written as
+        ``os.path.join(work_dir, "ckpt")`` in the file follows the new work dir.
+
+        Returns:
+            How many strings were changed.
+
+        >>> cfg = Config({"work_dir": "./runs/a", "ckpt": {"save_dir": "runs/a/ckpt"}, "name": "a"})
+        >>> cfg.relocate_paths("./runs/a", "/tmp/b")
+        2
+        >>> cfg["ckpt"]["save_dir"], cfg["work_dir"], cfg["name"]
+        ('/tmp/b/ckpt', '/tmp/b', 'a')
+        """
+        old_norm = os.path.normpath(old)
+        if os.path.normpath(new) == old_norm:
+            return 0
+        count = 0
+        visited: set[int] = set()  # containers shared in the config are moved once
+
+        def move(value: Any) -> Any:
+            nonlocal count
+            if isinstance(value, (dict, list)):
+                if id(value) in visited:
+                    return value
+                visited.add(id(value))
+            if isinstance(value, str):
+                norm = os.path.normpath(value) if value else value
+                if norm == old_norm:
+                    count += 1
+                    return new
+                if norm.startswith(old_norm + os.sep):
+                    count += 1
+                    return os.path.join(new, norm[len(old_norm) + 1:])
+                return value
+            if isinstance(value, dict):
+                for k, v in value.items():
+                    value[k] = move(v)
+            elif isinstance(value, list):
+                value[:] = [move(v) for v in value]
+            elif isinstance(value, tuple) and not hasattr(value, "_fields"):
+                return tuple(move(v) for v in value)
+            return value
+
+        for key, value in self._data.items():
+            self._data[key] = move(value)
+        return count
+
+    # -- dumping ---------------------------------------------------------------------------
+    def dumps(self) -> str:
+        """The config as readable Python source: one assignment per key.
+
+        Plain values are written as literals, dicts in the config's key order. Classes and
+        functions are written as the string ``"module.qualname"``; other objects as their
+        ``repr`` in a string.
+
+        >>> import torch
+        >>> print(Config({"opt": {"type": torch.optim.SGD, "lr": 0.1}}, "x.py").dumps())
+        # Resolved config of x.py
+        opt = {'type': 'torch.optim.sgd.SGD', 'lr': 0.1}
+        <BLANKLINE>
+        """
+        lines = [f"# Resolved config of {self.filename}"]
+        if self.overrides:
+            lines.append(f"# --opts {' '.join(self.overrides)}")
+        for key, value in self._data.items():
+            text = pprint.pformat(_plain(value, set()), width=100, sort_dicts=False)
+            lines.append(f"{key} = {text}")
+        return "\n".join(lines) + "\n"
+
+    def dump(self, path: str | os.PathLike) -> None:
+        """Write :meth:`dumps` to ``path`` (through a temporary file, so it is never half written)."""
+        path = os.fspath(path)
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(self.dumps())
+        os.replace(tmp, path)
+
+    def __repr__(self) -> str:
+        return f"Config({self.filename!r}, keys={list(self._data)})"
+
+
+def _qualified_name(obj: Any) -> str:
+    module = getattr(obj, "__module__", None)
+    name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
+    return f"{module}.{name}" if module and name else repr(obj)
+
+
+def _plain(value: Any, seen: set[int]) -> Any:
+    """A copy of ``value`` made of literals only (for :meth:`Config.dumps`)."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else f"float({str(value)!r})"
+    if isinstance(value, (Mapping, list, tuple, set)):
+        if id(value) in seen:
+            return "<recursive reference>"
+        seen = seen | {id(value)}
+        if isinstance(value, Mapping):
+            return {str(k): _plain(v, seen) for k, v in value.items()}
+        items = [_plain(v, seen) for v in value]
+        return tuple(items) if isinstance(value, tuple) else items
+    if isinstance(value, (type, types.FunctionType, types.BuiltinFunctionType, types.MethodType)):
+        return _qualified_name(value)
+    if callable(value) and hasattr(value, "__qualname__"):
+        return _qualified_name(value)
+    return repr(value)
