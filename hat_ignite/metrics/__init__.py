@@ -1,0 +1,31 @@
+"""HAT-style metrics whose math is torchmetrics'.
+
+Every metric has ``update(...)``, ``get() -> (names, values)`` and ``reset()``. Classification
+and segmentation metrics take HAT's argument order ``update(labels, preds)``. torchmetrics is
+imported when a metric is first updated, not when this package is imported.
+
+>>> import torch
+>>> from hat_ignite.metrics import Accuracy, LossShow
+>>> metrics = [Accuracy(), LossShow()]
+>>> metrics[0].update(torch.tensor([1, 0]), torch.tensor([[0.2, 0.8], [0.3, 0.7]]))
+>>> metrics[1].update(torch.tensor(0.25))
+>>> metric_name_values(metrics)
+[('accuracy', 0.5), ('loss', 0.25)]
+"""
+
+from hat_ignite.metrics.base import EvalMetric, iter_metrics, metric_name_values, reset_metrics
+from hat_ignite.metrics.classification import Accuracy, TopKAccuracy
+from hat_ignite.metrics.loss import LossShow
+from hat_ignite.metrics.segmentation import MeanIOU, MeanIoU
+
+__all__ = [
+    "EvalMetric",
+    "Accuracy",
+    "TopKAccuracy",
+    "LossShow",
+    "MeanIoU",
+    "MeanIOU",
+    "iter_metrics",
+    "metric_name_values",
+    "reset_metrics",
+]
