@@ -1,0 +1,263 @@
+"""`MetricUpdater`: update metrics after each batch; log, reset and store their values.
+
+When things happen, in one run (``step_id`` counts steps inside the epoch, ``global_step_id``
+across the run; both 0-based)::
+
+    on_loop_begin   reset
+    on_epoch_begin  reset                      if reset_metrics_by == "epoch"
+    on_step_begin   reset                      if reset_metrics_by == "step"
+    on_batch_end    metric_update_func(metrics, batch, model_outs)   if filter_condition passes
+    on_step_end     log                        if (step_id + 1) % step_log_freq == 0
+                    reset                      if reset_metrics_by == "log" and just logged
+                    store                      if (global_step_id + 1) % step_storage_freq == 0
+    on_epoch_end    log                        if reset_metrics_by == "epoch" and
+                                                  (epoch_id + 1) % epoch_log_freq == 0
+                    store                      if (epoch_id + 1) % epoch_storage_freq == 0
+    on_loop_end     store                      always, when the run updated the metrics (the
+                                               values the run ends with; with "log" resets, the
+                                               last logged values if nothing came after them)
+
+Storage layout: ``storage[storage_key]`` is a dict ``{metric name: value}`` (values are Python
+floats, or lists of floats for metrics with a vector value) holding the latest stored values.
+It is always written at the end of the run, so inside a validation run (one epoch) it ends up
+with that validation's results; :class:`~hat_ignite.callbacks.validation.Validation` copies it
+into the training loop's storage, where a checkpoint callback can compare it across runs.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Sequence
+
+import ignite.distributed as idist
+
+from hat_ignite.callbacks.base import CallbackMixin
+from hat_ignite.engine.loop import build_if_config
+from hat_ignite.metrics.base import iter_metrics, metric_name_values, reset_metrics
+
+__all__ = ["MetricUpdater", "format_name_values"]
+
+logger = logging.getLogger(__name__)
+
+_RESET_BY = ("step", "log", "epoch")
+
+
+def _format_value(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_format_value(v) for v in value) + "]"
+    return str(value)
+
+
+def format_name_values(pairs: Sequence[tuple[str, Any]]) -> str:
+    """Format ``(name, value)`` pairs the way the metric logs show them.
+
+    >>> format_name_values([("accuracy", 0.75), ("loss", 0.123456789)])
+    'accuracy=0.75 loss=0.123457'
+    """
+    return " ".join(f"{name}={_format_value(value)}" for name, value in pairs)
+
+
+def _check_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"MetricUpdater: {name} must be an int (< 1 disables it), got {value!r}.")
+    return value
+
+
+def _build_metrics(metrics: Any) -> Any:
+    if metrics is None:
+        return None
+    if isinstance(metrics, dict) and "type" not in metrics:
+        return {k: build_if_config(v, f"metrics[{k!r}]") for k, v in metrics.items()}
+    return build_if_config(metrics, "metrics")
+
+
+class MetricUpdater(CallbackMixin):
+    """Reset, update, log and store metrics (the timeline is in the module docstring).
+
+    Args:
+        metric_update_func: ``f(metrics, batch, model_outs)``: picks labels and predictions out of
+            the batch and the model outputs and updates the metrics.
+        metrics: metric instances or configs (one, a list, or a dict). ``None`` uses the loop's
+            ``train_metrics`` as each hook receives them; inside a ``Predictor`` (and so inside
+            a Validation) those are the predictor's ``metrics``.
+        filter_condition: ``f(batch, model_outs) -> bool``; the metrics are updated only for
+            batches where it is true (e.g. one task's batches in multitask training).
+        step_log_freq: log every ``step_log_freq`` steps of an epoch; ``< 1`` disables step logs.
+        reset_metrics_by: ``"step"`` (each step's values stand alone), ``"log"`` (reset after
+            each step log) or ``"epoch"`` (accumulate over the epoch).
+        epoch_log_freq: log every ``epoch_log_freq`` epochs; only with ``reset_metrics_by="epoch"``;
+            ``< 1`` disables epoch logs.
+        log_prefix: text put in front of every log line (e.g. ``"Validation "``).
+        step_storage_freq: store the values every ``step_storage_freq`` global steps; ``< 1``
+            disables step storage.
+        epoch_storage_freq: store the values every ``epoch_storage_freq`` epochs; ``< 1`` disables
+            epoch storage.
+        storage_key: the ``storage`` key the values are stored under.
+
+    Example:
+        >>> import torch
+        >>> from hat_ignite.engine import BasicBatchProcessor, Predictor
+        >>> from hat_ignite.metrics import Accuracy
+        >>> class Scores(torch.nn.Module):   # a dict batch is passed whole to the model
+        ...     def forward(self, batch):
+        ...         return batch["scores"]
+        >>> def update_metric(metrics, batch, model_outs):
+        ...     for metric in metrics:
+        ...         metric.update(batch["labels"], model_outs)
+        >>> model = Scores()
+        >>> batches = [{"scores": torch.tensor([[0.9, 0.1], [0.2, 0.8]]), "labels": torch.tensor([0, 0])}]
+        >>> updater = MetricUpdater(update_metric, step_log_freq=0)
+        >>> predictor = Predictor(model, batches, BasicBatchProcessor(need_grad_update=False),
+        ...                       metrics=[Accuracy()], callbacks=[updater])
+        >>> predictor.fit().storage["monitor_obj"]
+        {'accuracy': 0.5}
+    """
+
+    def __init__(
+        self,
+        metric_update_func: Callable[[Any, Any, Any], Any],
+        metrics: Sequence[Any] | Any = None,
+        filter_condition: Callable[[Any, Any], bool] | None = None,
+        step_log_freq: int = 1,
+        reset_metrics_by: str = "epoch",
+        epoch_log_freq: int = 1,
+        log_prefix: str = "",
+        step_storage_freq: int = -1,
+        epoch_storage_freq: int = -1,
+        storage_key: str = "monitor_obj",
+    ) -> None:
+        if not callable(metric_update_func):
+            raise TypeError(
+                f"MetricUpdater: metric_update_func must be callable as f(metrics, batch, model_outs), "
+                f"got {type(metric_update_func).__name__}."
+            )
+        if filter_condition is not None and not callable(filter_condition):
+            raise TypeError(
+                f"MetricUpdater: filter_condition must be None or callable as f(batch, model_outs), "
+                f"got {type(filter_condition).__name__}."
+            )
+        if reset_metrics_by not in _RESET_BY:
+            raise ValueError(f"MetricUpdater: reset_metrics_by must be one of {_RESET_BY}, got {reset_metrics_by!r}.")
+        for name, value in (
+            ("step_log_freq", step_log_freq), ("epoch_log_freq", epoch_log_freq),
+            ("step_storage_freq", step_storage_freq), ("epoch_storage_freq", epoch_storage_freq),
+        ):
+            _check_int(name, value)
+        if reset_metrics_by == "log" and step_log_freq < 1:
+            raise ValueError(
+                f"MetricUpdater: reset_metrics_by='log' resets after each step log, but "
+                f"step_log_freq={step_log_freq} disables step logs. Set step_log_freq >= 1 or "
+                f"reset by 'step' or 'epoch'."
+            )
+        if not isinstance(storage_key, str) or not storage_key:
+            raise ValueError(f"MetricUpdater: storage_key must be a non-empty string, got {storage_key!r}.")
+        self.metric_update_func = metric_update_func
+        self.metrics = _build_metrics(metrics)
+        self.filter_condition = filter_condition
+        self.step_log_freq = step_log_freq
+        self.reset_metrics_by = reset_metrics_by
+        self.epoch_log_freq = epoch_log_freq
+        self.log_prefix = log_prefix or ""
+        self.step_storage_freq = step_storage_freq
+        self.epoch_storage_freq = epoch_storage_freq
+        self.storage_key = storage_key
+        self._dirty = False  # updated since the last reset
+        self._last_pairs: list[tuple[str, Any]] | None = None  # latest values computed this run
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _metrics(self, train_metrics: Any) -> Any:
+        metrics = self.metrics if self.metrics is not None else train_metrics
+        if metrics is None or not any(True for _ in iter_metrics(metrics)):
+            raise ValueError(
+                "MetricUpdater has no metrics: pass metrics=[...] to it, or give the loop metrics "
+                "(Trainer(train_metrics=...), Predictor(metrics=...); a Validation's predictor gets "
+                "the training loop's val_metrics)."
+            )
+        return metrics
+
+    def _reset(self, train_metrics: Any) -> None:
+        reset_metrics(self._metrics(train_metrics))
+        self._dirty = False
+
+    def _values(self, metrics: Any) -> list[tuple[str, Any]]:
+        self._last_pairs = metric_name_values(metrics)
+        return self._last_pairs
+
+    def _log(self, head: str, pairs: list[tuple[str, Any]]) -> None:
+        if idist.get_rank() == 0:
+            logger.info("%s%s %s", self.log_prefix, head, format_name_values(pairs))
+
+    def _store(self, storage: dict[str, Any], pairs: list[tuple[str, Any]]) -> None:
+        # a new dict each time (merged with what other updaters stored under the same key), so a
+        # dict someone kept from an earlier store never changes under them
+        stored = storage.get(self.storage_key)
+        storage[self.storage_key] = {**(stored if isinstance(stored, dict) else {}), **dict(pairs)}
+
+    def overridden_hooks(self) -> list[str]:
+        """The hooks to attach: the per-step/per-epoch reset hooks only for their reset mode."""
+        skip = {"on_step_begin": self.reset_metrics_by != "step", "on_epoch_begin": self.reset_metrics_by != "epoch"}
+        return [h for h in super().overridden_hooks() if not skip.get(h, False)]
+
+    # -- hooks -----------------------------------------------------------------------------
+    def on_loop_begin(self, train_metrics: Any = None, **kwargs: Any) -> None:
+        self._last_pairs = None
+        self._reset(train_metrics)
+
+    def on_epoch_begin(self, train_metrics: Any = None, **kwargs: Any) -> None:
+        if self.reset_metrics_by == "epoch":
+            self._reset(train_metrics)
+
+    def on_step_begin(self, train_metrics: Any = None, **kwargs: Any) -> None:
+        if self.reset_metrics_by == "step":
+            self._reset(train_metrics)
+
+    def on_batch_end(self, batch: Any = None, model_outs: Any = None, train_metrics: Any = None, **kwargs: Any) -> None:
+        if self.filter_condition is not None and not self.filter_condition(batch, model_outs):
+            return
+        self.metric_update_func(self._metrics(train_metrics), batch, model_outs)
+        self._dirty = True
+
+    def on_step_end(
+        self, epoch_id: int, step_id: int, global_step_id: int, storage: dict[str, Any],
+        train_metrics: Any = None, **kwargs: Any,
+    ) -> None:
+        log_now = self.step_log_freq > 0 and (step_id + 1) % self.step_log_freq == 0
+        store_now = self.step_storage_freq > 0 and (global_step_id + 1) % self.step_storage_freq == 0
+        if not (log_now or store_now):
+            return
+        metrics = self._metrics(train_metrics)
+        pairs = self._values(metrics)
+        if log_now:
+            self._log(f"Epoch[{epoch_id}] Step[{step_id}] GlobalStep[{global_step_id}]", pairs)
+        if store_now:
+            self._store(storage, pairs)
+        if log_now and self.reset_metrics_by == "log":
+            self._reset(metrics)
+
+    def on_epoch_end(self, epoch_id: int, storage: dict[str, Any], train_metrics: Any = None, **kwargs: Any) -> None:
+        log_now = (
+            self.reset_metrics_by == "epoch" and self.epoch_log_freq > 0 and (epoch_id + 1) % self.epoch_log_freq == 0
+        )
+        store_now = self.epoch_storage_freq > 0 and (epoch_id + 1) % self.epoch_storage_freq == 0
+        if not (log_now or store_now):
+            return
+        pairs = self._values(self._metrics(train_metrics))
+        if log_now:
+            self._log(f"Epoch[{epoch_id}]", pairs)
+        if store_now:
+            self._store(storage, pairs)
+
+    def on_loop_end(self, storage: dict[str, Any], train_metrics: Any = None, **kwargs: Any) -> None:
+        if self._dirty:
+            self._store(storage, self._values(self._metrics(train_metrics)))
+        elif self._last_pairs is not None:  # reset right after the last log: store what it showed
+            self._store(storage, self._last_pairs)
+
+    def __repr__(self) -> str:
+        return (
+            f"MetricUpdater(metrics={self.metrics!r}, reset_metrics_by={self.reset_metrics_by!r}, "
+            f"step_log_freq={self.step_log_freq}, epoch_log_freq={self.epoch_log_freq}, "
+            f"storage_key={self.storage_key!r})"
+        )

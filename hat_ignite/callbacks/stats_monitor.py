@@ -1,0 +1,265 @@
+"""`StatsMonitor`: how fast training runs and where the time goes.
+
+A step's time is split in two: *data* is the wait between the end of the previous step (or the
+start of the epoch) and the start of this one, mostly the data loader fetching the batch;
+*compute* is the time from step begin to step end (forward, backward, update and the step
+hooks that run before this callback's ``on_step_end``). Attach it after the other callbacks so
+their step-end work counts as compute rather than as the next step's data wait. On CUDA,
+kernels run asynchronously, so the split between the two is approximate while their sum over
+an interval is not.
+
+Storage layout: ``storage["stats"]`` is a dict of the latest figures, replaced by a new dict at
+every log, keeping the keys of the other kind of log:
+
+* step logs (every ``log_freq`` global steps): ``epoch_id``, ``step_id``, ``global_step_id``,
+  ``data_time``, ``compute_time``, ``step_time`` (mean seconds per step over the steps since
+  the previous step log), ``samples_per_sec`` (``None`` when the batch size is unknown),
+  ``lr`` (first param group; ``None`` without an optimizer), ``eta_seconds`` (``None`` when the
+  run's length is unknown) and ``peak_memory_mib``;
+* epoch ends: ``epoch_id``, ``global_step_id``, ``epoch_time`` (seconds), ``epoch_steps``,
+  ``epoch_data_time``, ``epoch_compute_time`` (mean seconds per step), ``epoch_samples_per_sec``,
+  ``lr``, ``eta_seconds`` and ``peak_memory_mib``.
+
+``peak_memory_mib`` is ``torch.cuda.max_memory_allocated`` on a CUDA loop, else the process's
+peak resident set size (``resource.getrusage``; ``None`` where that module does not exist).
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import sys
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import ignite.distributed as idist
+import torch
+
+from hat_ignite.callbacks.base import CallbackMixin
+
+__all__ = ["StatsMonitor", "STORAGE_KEY", "infer_batch_size", "peak_memory_mib"]
+
+logger = logging.getLogger(__name__)
+
+#: ``storage`` key of the figures.
+STORAGE_KEY = "stats"
+
+
+def infer_batch_size(batch: Any) -> int | None:
+    """The size of the first dimension of the first tensor in ``batch`` (``None`` if none).
+
+    >>> infer_batch_size({"img": torch.zeros(8, 3), "label": torch.zeros(8)})
+    8
+    >>> infer_batch_size([torch.tensor(1.0), torch.zeros(4, 2)]), infer_batch_size("text")
+    (4, None)
+    """
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else None
+    if isinstance(batch, Mapping):
+        items = batch.values()
+    elif isinstance(batch, (list, tuple)):
+        items = batch
+    else:
+        return None
+    for item in items:
+        size = infer_batch_size(item)
+        if size is not None:
+            return size
+    return None
+
+
+def peak_memory_mib(torch_device: torch.device | None = None) -> float | None:
+    """Peak memory in MiB: CUDA's max allocated on a CUDA device, else the process's peak RSS.
+
+    >>> peak_memory_mib(torch.device("cpu")) > 0
+    True
+    """
+    if torch_device is not None and torch_device.type == "cuda":
+        return torch.cuda.max_memory_allocated(torch_device) / 2**20
+    try:
+        import resource
+    except ImportError:  # not on this platform
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10  # bytes on macOS, KiB elsewhere
+
+
+def _lr(optimizer: Any) -> float | None:
+    groups = getattr(optimizer, "param_groups", None)
+    return float(groups[0]["lr"]) if groups else None
+
+
+def _eta_text(eta: float | None) -> str:
+    return "unknown" if eta is None else str(datetime.timedelta(seconds=int(round(eta))))
+
+
+class _Totals:
+    """Sums over a span of steps."""
+
+    __slots__ = ("steps", "data", "compute", "samples", "counted")
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self.data = 0.0
+        self.compute = 0.0
+        self.samples = 0
+        self.counted = True  # every step's batch size was known
+
+    def add(self, data: float, compute: float, samples: int | None) -> None:
+        self.steps += 1
+        self.data += data
+        self.compute += compute
+        if samples is None:
+            self.counted = False
+        else:
+            self.samples += samples
+
+    def per_step(self, seconds: float) -> float | None:
+        return seconds / self.steps if self.steps else None
+
+    def samples_per_sec(self) -> float | None:
+        elapsed = self.data + self.compute
+        return self.samples / elapsed if self.counted and self.steps and elapsed > 0 else None
+
+
+class StatsMonitor(CallbackMixin):
+    """Log and store training speed, time split, learning rate, ETA and peak memory.
+
+    Args:
+        log_freq: log every ``log_freq`` global steps (``< 1``: only at epoch ends).
+        batch_size: samples per step; ``None`` infers it from the first dimension of the first
+            tensor of each batch (give it for a ``MultiBatchProcessor``, whose step holds
+            several batches).
+
+    Example:
+        >>> from hat_ignite.engine import BasicBatchProcessor, Trainer, collect_loss_by_index
+        >>> class Net(torch.nn.Module):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.fc = torch.nn.Linear(3, 1)
+        ...     def forward(self, x):
+        ...         return (self.fc(x) ** 2).mean()
+        >>> model = Net()
+        >>> trainer = Trainer(
+        ...     model=model, data_loader=[torch.randn(5, 3) for _ in range(4)],
+        ...     optimizer=torch.optim.SGD(model.parameters(), lr=0.01),
+        ...     batch_processor=BasicBatchProcessor(need_grad_update=True, loss_collector=lambda out: [out]),
+        ...     device=None, num_epochs=1, callbacks=[StatsMonitor(log_freq=2)])
+        >>> stats = trainer.fit().storage["stats"]
+        >>> stats["global_step_id"], stats["epoch_steps"], stats["lr"], stats["eta_seconds"]
+        (4, 4, 0.01, 0.0)
+    """
+
+    def __init__(self, log_freq: int = 200, batch_size: int | None = None) -> None:
+        if isinstance(log_freq, bool) or not isinstance(log_freq, int):
+            raise TypeError(f"StatsMonitor: log_freq must be an int (< 1: log at epoch ends only), got {log_freq!r}.")
+        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
+            raise ValueError(f"StatsMonitor: batch_size must be None (inferred) or a positive int, got {batch_size!r}.")
+        self.log_freq = log_freq
+        self.batch_size = batch_size
+        self._clock = time.perf_counter
+        self._run = _Totals()
+        self._epoch = _Totals()
+        self._interval = _Totals()
+        self._epoch_start = 0.0
+        self._prev_step_end = 0.0
+        self._step_begin = 0.0
+        self._data_wait = 0.0
+
+    # -- figures ---------------------------------------------------------------------------
+    def _eta(self, loop: Any) -> float | None:
+        state = getattr(loop, "state", None)
+        if state is None:
+            return None
+        total = state.max_iters
+        if total is None and state.max_epochs is not None and state.epoch_length:
+            total = state.max_epochs * state.epoch_length
+        mean_step = self._run.per_step(self._run.data + self._run.compute)
+        if total is None or mean_step is None:
+            return None
+        return max(total - state.iteration, 0) * mean_step
+
+    def _store(self, storage: dict[str, Any], figures: dict[str, Any]) -> None:
+        old = storage.get(STORAGE_KEY)
+        storage[STORAGE_KEY] = {**(old if isinstance(old, dict) else {}), **figures}
+
+    # -- hooks -----------------------------------------------------------------------------
+    def on_loop_begin(self, **kwargs: Any) -> None:
+        self._run = _Totals()
+        self._interval = _Totals()
+
+    def on_epoch_begin(self, **kwargs: Any) -> None:
+        self._epoch = _Totals()
+        self._epoch_start = self._prev_step_end = self._clock()
+
+    def on_step_begin(self, **kwargs: Any) -> None:
+        now = self._clock()
+        self._data_wait = now - self._prev_step_end
+        self._step_begin = now
+
+    def on_step_end(
+        self, loop: Any, epoch_id: int, step_id: int, global_step_id: int, storage: dict[str, Any],
+        batch: Any = None, optimizer: Any = None, **kwargs: Any,
+    ) -> None:
+        now = self._clock()
+        compute = now - self._step_begin
+        samples = self.batch_size if self.batch_size is not None else infer_batch_size(batch)
+        for totals in (self._run, self._epoch, self._interval):
+            totals.add(self._data_wait, compute, samples)
+        self._prev_step_end = now
+        if self.log_freq < 1 or (global_step_id + 1) % self.log_freq:
+            return
+        span = self._interval
+        self._interval = _Totals()
+        figures = {
+            "epoch_id": epoch_id, "step_id": step_id, "global_step_id": global_step_id,
+            "data_time": span.per_step(span.data), "compute_time": span.per_step(span.compute),
+            "step_time": span.per_step(span.data + span.compute), "samples_per_sec": span.samples_per_sec(),
+            "lr": _lr(optimizer), "eta_seconds": self._eta(loop),
+            "peak_memory_mib": peak_memory_mib(getattr(loop, "torch_device", None)),
+        }
+        self._store(storage, figures)
+        if idist.get_rank() == 0:
+            speed = figures["samples_per_sec"]
+            logger.info(
+                "Epoch[%d] Step[%d] GlobalStep[%d] %s samples/sec, step %.4fs (data %.4fs, compute %.4fs), "
+                "lr=%s, eta %s, peak memory %s MiB",
+                epoch_id, step_id, global_step_id, "?" if speed is None else f"{speed:.1f}",
+                figures["step_time"], figures["data_time"], figures["compute_time"], figures["lr"],
+                _eta_text(figures["eta_seconds"]), _fmt_mib(figures["peak_memory_mib"]),
+            )
+
+    def on_epoch_end(
+        self, loop: Any, epoch_id: int, global_step_id: int, storage: dict[str, Any], optimizer: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        epoch = self._epoch
+        figures = {
+            "epoch_id": epoch_id, "global_step_id": global_step_id, "epoch_time": self._clock() - self._epoch_start,
+            "epoch_steps": epoch.steps, "epoch_data_time": epoch.per_step(epoch.data),
+            "epoch_compute_time": epoch.per_step(epoch.compute), "epoch_samples_per_sec": epoch.samples_per_sec(),
+            "lr": _lr(optimizer), "eta_seconds": self._eta(loop),
+            "peak_memory_mib": peak_memory_mib(getattr(loop, "torch_device", None)),
+        }
+        self._store(storage, figures)
+        if idist.get_rank() == 0:
+            speed = figures["epoch_samples_per_sec"]
+            logger.info(
+                "Epoch[%d] done in %.3fs: %d steps, %s samples/sec, data %s s/step, compute %s s/step, "
+                "eta %s, peak memory %s MiB",
+                epoch_id, figures["epoch_time"], epoch.steps, "?" if speed is None else f"{speed:.1f}",
+                _fmt_s(figures["epoch_data_time"]), _fmt_s(figures["epoch_compute_time"]),
+                _eta_text(figures["eta_seconds"]), _fmt_mib(figures["peak_memory_mib"]),
+            )
+
+    def __repr__(self) -> str:
+        return f"StatsMonitor(log_freq={self.log_freq}, batch_size={self.batch_size})"
+
+
+def _fmt_s(seconds: float | None) -> str:
+    return "?" if seconds is None else f"{seconds:.4f}"
+
+
+def _fmt_mib(mib: float | None) -> str:
+    return "?" if mib is None else f"{mib:.0f}"
