@@ -1,0 +1,389 @@
+"""`Checkpoint`: periodic, last and best checkpoints, written crash-safely by rank 0.
+
+Files in ``save_dir`` (``{p}`` is ``name_prefix``, ``{h}`` the first 8 hex digits of the
+content hash, present when ``save_hash``)::
+
+    {p}checkpoint-epoch-0003-{h}.pth.tar   every save_interval epochs (0-based epoch_id)
+    {p}checkpoint-step-119-{h}.pth.tar     every save_interval steps (0-based global_step_id)
+    {p}checkpoint-last.pth.tar             the newest save point (and the end of training)
+    {p}checkpoint-best.pth.tar             the save point with the best monitored metric
+
+``last`` and ``best`` are complete checkpoints, not pointer files, so HAT configs that load
+``float-checkpoint-last.pth.tar`` keep working: each is a hard link to the periodic file just
+written (a copy where the file system has no hard links), swapped in with one atomic rename.
+A save point writes the periodic file (temp file, fsync, rename, directory fsync), then
+``last``, then ``best``, and only then deletes superseded files, so a crash at any moment leaves
+the previous checkpoints loadable. What a checkpoint holds is listed in
+:mod:`.checkpoint_payload`; how it is verified on load in :mod:`.checkpoint_io`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Sequence
+
+import ignite.distributed as idist
+import torch
+
+from hat_ignite.callbacks.base import CallbackMixin
+from hat_ignite.callbacks.checkpoint_io import (
+    HASH_KEY,
+    PathLike,
+    atomic_link,
+    atomic_save,
+    is_temp_file,
+    with_content_hash,
+)
+from hat_ignite.callbacks.checkpoint_payload import training_state
+from hat_ignite.errors import CheckpointError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hat_ignite.engine.loop import LoopBase
+
+__all__ = ["Checkpoint", "list_checkpoints"]
+
+logger = logging.getLogger(__name__)
+
+_MODES = ("max", "min")
+_KINDS = ("epoch", "step")
+
+
+def _scan(save_dir: str, name_prefix: str) -> list[tuple[str, int, str]]:
+    """``(kind, number, path)`` of the periodic checkpoints in ``save_dir``, oldest first."""
+    pattern = re.compile(re.escape(name_prefix) + r"checkpoint-(epoch|step)-(\d+)(?:-[0-9a-f]{8})?\.pth\.tar")
+    try:
+        names = os.listdir(save_dir)
+    except FileNotFoundError:
+        return []
+    found = []
+    for name in names:
+        match = None if is_temp_file(name) else pattern.fullmatch(name)
+        if match:
+            found.append((match.group(1), int(match.group(2)), os.path.join(os.path.abspath(save_dir), name)))
+    return sorted(found)
+
+
+def list_checkpoints(save_dir: PathLike, name_prefix: str = "", kind: str | None = None) -> list[str]:
+    """The periodic checkpoint files :class:`Checkpoint` wrote in ``save_dir``, oldest first.
+
+    Temporary files of an interrupted write are never listed; neither are ``last``/``best``.
+
+    Args:
+        save_dir: the checkpoint directory.
+        name_prefix: the ``name_prefix`` the files were written with.
+        kind: ``"epoch"`` or ``"step"`` to list one kind only (``None``: epoch files, then step
+            files).
+
+    >>> import tempfile
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> for name in ("checkpoint-epoch-0010.pth.tar", "checkpoint-epoch-0002.pth.tar",
+    ...              ".checkpoint-epoch-0011.pth.tar.1a2b3c4d.tmp"):
+    ...     open(os.path.join(tmp.name, name), "wb").close()
+    >>> [os.path.basename(p) for p in list_checkpoints(tmp.name)]
+    ['checkpoint-epoch-0002.pth.tar', 'checkpoint-epoch-0010.pth.tar']
+    >>> tmp.cleanup()
+    """
+    return [path for k, _, path in _scan(os.fspath(save_dir), name_prefix) if kind is None or k == kind]
+
+
+def _as_float(value: Any, what: str) -> float:
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise TypeError(
+                f"{what} is a tensor of shape {tuple(value.shape)}; the monitored metric must be one number."
+            )
+        return float(value.item())
+    if isinstance(value, (list, tuple)) and len(value) == 1:
+        return _as_float(value[0], what)
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{what} is {value!r}; the monitored metric must be one number.") from None
+
+
+class Checkpoint(CallbackMixin):
+    """Save checkpoints during training, so training can resume or be evaluated later.
+
+    Args:
+        save_dir: directory for the checkpoint files (created when needed).
+        name_prefix: prefix of every file name, e.g. ``"float-"``.
+        save_interval: save every this many epochs or steps.
+        interval_by: ``"epoch"`` (save on epoch end) or ``"step"`` (save on step end).
+        save_on_train_end: also update ``last`` when the loop ends (stopping by epoch or by
+            step), unless the final save point already wrote it.
+        strict_match: when the best checkpoint takes its weights from ``loop.ema_model``,
+            require the EMA model's state-dict keys to equal the training model's.
+        mode: ``"max"`` or ``"min"`` to keep a ``best`` checkpoint of the monitored metric;
+            ``None`` keeps none.
+        monitor_metric_key: name of the monitored metric: looked up in ``best_refer_metric``'s
+            names, else read from the loop's ``storage`` (``storage[key]``, or
+            ``storage[name][key]`` as validation stores ``storage["monitor_obj"]["accuracy"]``),
+            else looked up in ``val_metrics``' names.
+        best_refer_metric: metric object(s) whose ``get()`` returns ``(names, values)`` to
+            monitor, or a metric config.
+        task_sampler: HAT's multitask sampler. Merging per-task buffers across ranks is not
+            supported: a parallel sampler in a multi-process run is refused at loop begin; in
+            one process there is nothing to merge.
+        save_hash: put the first 8 hex digits of the content hash in periodic file names.
+        keep_n: keep only the newest ``keep_n`` periodic files (``None``: keep all).
+
+    The best checkpoint is considered at each save point; when the loop has an EMA model, the
+    ``best`` file's ``state_dict`` holds the EMA weights (as in HAT). Only rank 0 writes.
+    Place it after the callbacks that produce the monitored value (validation).
+
+    Example:
+        >>> ckpt = Checkpoint("ckpts", name_prefix="float-", mode="max", monitor_metric_key="acc")
+        >>> os.path.basename(ckpt.last_path), ckpt.periodic_name("epoch", 3, "1a2b3c4d5e")
+        ('float-checkpoint-last.pth.tar', 'float-checkpoint-epoch-0003-1a2b3c4d.pth.tar')
+    """
+
+    def __init__(
+        self,
+        save_dir: PathLike,
+        name_prefix: str | None = "",
+        save_interval: int | None = 1,
+        interval_by: str | None = "epoch",
+        save_on_train_end: bool | None = True,
+        strict_match: bool | None = False,
+        mode: str | None = None,
+        monitor_metric_key: str | None = None,
+        best_refer_metric: Any = None,
+        task_sampler: Any = None,
+        save_hash: bool = True,
+        keep_n: int | None = None,
+    ) -> None:
+        if isinstance(save_interval, bool) or not isinstance(save_interval, int) or save_interval < 1:
+            raise ValueError(f"Checkpoint(save_interval={save_interval!r}): give a positive integer.")
+        interval_by = (interval_by or "epoch").lower()
+        if interval_by not in _KINDS:
+            raise ValueError(f"Checkpoint(interval_by={interval_by!r}): use 'epoch' or 'step'.")
+        if mode is not None and mode not in _MODES:
+            raise ValueError(f"Checkpoint(mode={mode!r}): use 'max', 'min', or None for no best checkpoint.")
+        if keep_n is not None and (isinstance(keep_n, bool) or not isinstance(keep_n, int) or keep_n < 1):
+            raise ValueError(f"Checkpoint(keep_n={keep_n!r}): give a positive integer, or None to keep every file.")
+        self.save_dir = os.fspath(save_dir)
+        self.name_prefix = name_prefix or ""
+        self.save_interval = save_interval
+        self.interval_by = interval_by
+        self.save_on_train_end = bool(save_on_train_end)
+        self.strict_match = bool(strict_match)
+        self.mode = mode
+        self.monitor_metric_key = monitor_metric_key
+        if isinstance(best_refer_metric, dict) and "type" in best_refer_metric:
+            from hat_ignite.engine.loop import build_if_config
+
+            best_refer_metric = build_if_config(best_refer_metric, "best_refer_metric")
+        if best_refer_metric is not None and not isinstance(best_refer_metric, (list, tuple)):
+            best_refer_metric = [best_refer_metric]
+        self.best_refer_metric: Sequence[Any] | None = best_refer_metric
+        self.task_sampler = task_sampler
+        self.save_hash = save_hash
+        self.keep_n = keep_n
+        self.best: float | None = None
+        self._saved_iteration: int | None = None
+        self._warned_missing = False
+
+    # -- file names ---------------------------------------------------------------------------
+    def _path(self, name: str) -> str:
+        return os.path.join(os.path.abspath(self.save_dir), name)
+
+    @property
+    def last_path(self) -> str:
+        """Absolute path of the ``last`` checkpoint."""
+        return self._path(f"{self.name_prefix}checkpoint-last.pth.tar")
+
+    @property
+    def best_path(self) -> str:
+        """Absolute path of the ``best`` checkpoint."""
+        return self._path(f"{self.name_prefix}checkpoint-best.pth.tar")
+
+    def periodic_name(self, kind: str, number: int, digest: str) -> str:
+        """File name of a periodic checkpoint: ``kind`` is ``"epoch"`` or ``"step"``."""
+        counter = f"{number:04d}" if kind == "epoch" else str(number)
+        suffix = f"-{digest[:8]}" if self.save_hash else ""
+        return f"{self.name_prefix}checkpoint-{kind}-{counter}{suffix}.pth.tar"
+
+    # -- hooks -------------------------------------------------------------------------------
+    def overridden_hooks(self) -> list[str]:
+        """The hooks attached: only the step-end or epoch-end hook that ``interval_by`` saves on."""
+        unused = "on_epoch_end" if self.interval_by == "step" else "on_step_end"
+        return [hook for hook in super().overridden_hooks() if hook != unused]
+
+    def on_loop_begin(self, loop: LoopBase, **kwargs: Any) -> None:
+        self._saved_iteration = None
+        self._warned_missing = False
+        sampler = self.task_sampler
+        if sampler is not None and idist.get_world_size() > 1 and getattr(sampler, "is_parallel", lambda: False)():
+            raise ValueError(
+                "Checkpoint(task_sampler=...): merging per-task buffers across ranks before saving "
+                "is not supported. Remove task_sampler from the Checkpoint config."
+            )
+        if not self._is_writer():
+            return
+        os.makedirs(self.save_dir, exist_ok=True)
+        stale = [
+            name for name in os.listdir(self.save_dir)
+            if is_temp_file(name) and name.startswith(f".{self.name_prefix}checkpoint-")
+        ]
+        for name in stale:
+            os.remove(self._path(name))
+        if stale:
+            logger.warning("Removed %d temporary file(s) of an interrupted checkpoint write in %s: %s",
+                           len(stale), os.path.abspath(self.save_dir), ", ".join(stale))
+
+    def on_step_end(self, loop: LoopBase, epoch_id: int, global_step_id: int, storage: Any,
+                    val_metrics: Any, **kwargs: Any) -> None:
+        if self.interval_by == "step" and (global_step_id + 1) % self.save_interval == 0:
+            self.save_point(loop, "step", global_step_id, epoch_id, global_step_id, storage, val_metrics)
+
+    def on_epoch_end(self, loop: LoopBase, epoch_id: int, global_step_id: int, storage: Any,
+                     val_metrics: Any, **kwargs: Any) -> None:
+        if self.interval_by == "epoch" and (epoch_id + 1) % self.save_interval == 0:
+            self.save_point(loop, "epoch", epoch_id, epoch_id, global_step_id, storage, val_metrics)
+
+    def on_loop_end(self, loop: LoopBase, epoch_id: int, global_step_id: int, **kwargs: Any) -> None:
+        if not self.save_on_train_end or not self._is_writer():
+            return
+        if self._saved_iteration == loop.state.iteration:
+            return  # the final save point already wrote this state
+        path = atomic_save(with_content_hash(training_state(loop, epoch_id, global_step_id)), self.last_path)
+        self._saved_iteration = loop.state.iteration
+        logger.info("Saved checkpoint %s at the end of training.", path)
+
+    # -- saving ------------------------------------------------------------------------------
+    def save_point(self, loop: LoopBase, kind: str, number: int, epoch_id: int, global_step_id: int,
+                   storage: Any = None, val_metrics: Any = None) -> str | None:
+        """Write a periodic checkpoint, update ``last`` (and ``best``), then rotate old files.
+
+        Returns:
+            The periodic file's absolute path (``None`` on ranks other than 0).
+        """
+        is_best = self._update_best(storage, val_metrics)
+        if not self._is_writer():
+            return None
+        os.makedirs(self.save_dir, exist_ok=True)
+        payload = with_content_hash(training_state(loop, epoch_id, global_step_id))
+        path = atomic_save(payload, self._path(self.periodic_name(kind, number, payload[HASH_KEY])))
+        atomic_link(path, self.last_path)
+        if is_best:
+            self._write_best(payload, path)
+        self._saved_iteration = loop.state.iteration
+        best = f" (new best {self.monitor_metric_key or 'metric'}={self.best:.6g})" if is_best else ""
+        logger.info("Saved checkpoint %s%s.", path, best)
+        self._rotate(kind, number, path)
+        return path
+
+    def _write_best(self, payload: Mapping[str, Any], path: str) -> None:
+        ema = payload.get("ema_state_dict")
+        if ema is None:
+            atomic_link(path, self.best_path)
+            return
+        if self.strict_match and list(ema) != list(payload["state_dict"]):
+            diff = sorted(set(ema) ^ set(payload["state_dict"]))
+            raise CheckpointError(
+                f"Cannot write {self.best_path}: strict_match=True and the EMA model's state-dict "
+                f"keys differ from the training model's ({len(diff)} differ, e.g. {diff[:3]}). "
+                f"Build the EMA model from the training model, or set strict_match=False."
+            )
+        best = dict(payload, state_dict=ema, ema_state_dict=None)
+        atomic_save(with_content_hash(best), self.best_path)
+
+    def _rotate(self, kind: str, number: int, keep: str) -> None:
+        """Delete files this save point supersedes: same-number files with another hash, and,
+        with ``keep_n``, the oldest files up to this one (newer files of an abandoned run stay)."""
+        entries = [(n, p) for k, n, p in _scan(self.save_dir, self.name_prefix) if k == kind and n <= number]
+        doomed = [p for n, p in entries if n == number and p != keep]
+        if self.keep_n is not None:
+            older = sorted({n for n, _ in entries if n < number})
+            dropped = set(older[: max(len(older) - (self.keep_n - 1), 0)])
+            doomed += [p for n, p in entries if n in dropped]
+        for p in doomed:
+            try:
+                os.remove(p)
+            except OSError as exc:
+                logger.warning("Could not remove old checkpoint %s: %s", p, exc)
+
+    # -- best metric ---------------------------------------------------------------------------
+    def _monitored_value(self, storage: Any, val_metrics: Any) -> float | None:
+        key = self.monitor_metric_key
+        if self.best_refer_metric is None and key is not None and isinstance(storage, Mapping):
+            if key in storage:
+                return _as_float(storage[key], f"storage[{key!r}]")
+            for name, values in storage.items():  # e.g. storage["monitor_obj"] = {"accuracy": 0.93}
+                if isinstance(values, Mapping) and key in values:
+                    return _as_float(values[key], f"storage[{name!r}][{key!r}]")
+        metrics = self.best_refer_metric
+        if metrics is None:
+            if val_metrics is None:
+                return None
+            metrics = list(val_metrics.values()) if isinstance(val_metrics, Mapping) else val_metrics
+            metrics = metrics if isinstance(metrics, (list, tuple)) else [metrics]
+        for metric in metrics:
+            if not callable(getattr(metric, "get", None)):
+                continue
+            names, values = metric.get()
+            names = list(names) if isinstance(names, (list, tuple)) else [names]
+            values = list(values) if isinstance(values, (list, tuple)) else [values]
+            if key is None:
+                if len(values) != 1:
+                    raise ValueError(
+                        f"Checkpoint: {type(metric).__name__}.get() returned {len(values)} values "
+                        f"{names}; set monitor_metric_key to the one to monitor."
+                    )
+                return _as_float(values[0], f"{type(metric).__name__} value")
+            if key in names:
+                return _as_float(values[names.index(key)], f"{type(metric).__name__} value {key!r}")
+        if self.best_refer_metric is not None:
+            raise ValueError(
+                f"Checkpoint(monitor_metric_key={key!r}): best_refer_metric has no value named "
+                f"{key!r}. Use one of the names its get() returns."
+            )
+        return None
+
+    def _update_best(self, storage: Any, val_metrics: Any) -> bool:
+        if self.mode is None:
+            return False
+        value = self._monitored_value(storage, val_metrics)
+        if value is None:
+            if not self._warned_missing:
+                logger.warning(
+                    "Checkpoint: no value for the monitored metric %r yet (not in storage, "
+                    "best_refer_metric or val_metrics); best checkpoint not updated.", self.monitor_metric_key,
+                )
+                self._warned_missing = True
+            return False
+        if math.isnan(value):
+            return False
+        better = self.best is None or (value > self.best if self.mode == "max" else value < self.best)
+        if better:
+            self.best = value
+        return better
+
+    # -- state ---------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The best monitored value so far (saved in each checkpoint, restored on resume)."""
+        return {"best": self.best, "mode": self.mode}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Restore the best value; a checkpoint of another ``mode`` is refused."""
+        if state_dict.get("mode") != self.mode and state_dict.get("best") is not None:
+            raise ValueError(
+                f"Checkpoint state was saved with mode={state_dict.get('mode')!r}, this callback "
+                f"has mode={self.mode!r}; their best values cannot be compared."
+            )
+        best = state_dict.get("best")
+        self.best = None if best is None else float(best)
+
+    @staticmethod
+    def _is_writer() -> bool:
+        return idist.get_rank() == 0
+
+    def __repr__(self) -> str:
+        return (
+            f"Checkpoint(save_dir={self.save_dir!r}, name_prefix={self.name_prefix!r}, "
+            f"interval_by={self.interval_by!r})"
+        )

@@ -1,0 +1,386 @@
+"""Checkpoint files on disk: content hashing, crash-safe writes and verified loading.
+
+A checkpoint is a plain dict saved with :func:`torch.save`. The writer adds two keys:
+
+* ``"hat_ignite_format"`` — the format version (:data:`FORMAT_VERSION`);
+* ``"content_sha256"`` — the SHA-256 of everything else in the dict (:func:`content_hash`): the
+  raw bytes, dtype and shape of every tensor plus the keys, values and nesting around them.
+
+:func:`load_checkpoint` reads a file with ``torch.load(weights_only=True)`` only (never with
+arbitrary unpickling), recomputes the hash and compares: a flipped bit anywhere in the content is
+an error, not silently different weights. Every failure is a
+:class:`~hat_ignite.errors.CheckpointError` naming the absolute path, what is wrong and what to do.
+
+Writes are crash-safe (:func:`atomic_save`): the data goes to a hidden temporary file in the
+destination directory, is flushed and fsync'ed, renamed over the destination with
+:func:`os.replace`, and the directory is fsync'ed; only then may the caller delete older files.
+A crash at any point leaves the previous file intact plus, at worst, a ``.*.tmp`` file that no
+checkpoint listing matches (:func:`is_temp_file`).
+
+>>> import tempfile, torch
+>>> tmp = tempfile.TemporaryDirectory()
+>>> path = atomic_save(with_content_hash({"state_dict": {"w": torch.ones(2)}}), f"{tmp.name}/model.pth.tar")
+>>> ckpt = load_checkpoint(path)
+>>> ckpt["state_dict"]["w"], len(ckpt["content_sha256"])
+(tensor([1., 1.]), 64)
+>>> tmp.cleanup()
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import pickle
+import re
+import shutil
+import struct
+import uuid
+import zipfile
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any, Union
+
+import torch
+
+from hat_ignite.errors import CheckpointError
+
+__all__ = [
+    "FORMAT_VERSION",
+    "FORMAT_KEY",
+    "HASH_KEY",
+    "content_hash",
+    "with_content_hash",
+    "atomic_save",
+    "atomic_link",
+    "is_temp_file",
+    "load_checkpoint",
+    "verify_content_hash",
+]
+
+logger = logging.getLogger(__name__)
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+#: Version of the checkpoint layout this module writes.
+FORMAT_VERSION = 1
+#: Key holding the format version.
+FORMAT_KEY = "hat_ignite_format"
+#: Key holding the hex SHA-256 of the rest of the checkpoint.
+HASH_KEY = "content_sha256"
+
+_TEMP_SUFFIX = ".tmp"
+# "...-epoch-0003-1a2b3c4d.pth.tar" / "...-step-119-1a2b3c4d.pth.tar": the short content hash in a name
+_NAMED_HASH = re.compile(r"-(?:epoch|step)-\d+-([0-9a-f]{8})\.pth\.tar$")
+
+
+# -- content hashing -------------------------------------------------------------------------
+def _feed_tensor(h: Any, t: torch.Tensor) -> None:
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    if t.is_quantized:
+        if t.qscheme() in (torch.per_tensor_affine, torch.per_tensor_symmetric):
+            h.update(struct.pack("<dq", t.q_scale(), t.q_zero_point()))
+        else:
+            _feed_tensor(h, t.q_per_channel_scales())
+            _feed_tensor(h, t.q_per_channel_zero_points())
+        t = t.int_repr()
+    elif t.layout != torch.strided:
+        t = t.to_dense()
+    h.update(f"T{t.dtype}{tuple(t.shape)}|".encode())
+    flat = t.contiguous().reshape(-1)
+    if flat.numel():
+        h.update(flat.view(torch.uint8).numpy())
+
+
+_SCALARS = (type(None), bool, int, float, complex)
+_MAPPINGS = (dict, OrderedDict)
+_SEQUENCES = (list, tuple, torch.Size)
+
+
+def _feed(h: Any, obj: Any, where: str) -> None:
+    """Feed one value into the hash, recursing into containers; ``where`` is its key path.
+
+    Types are checked exactly (a numpy float is not a float here), so whatever hashes also
+    passes a weights-only load.
+    """
+    kind = type(obj)
+    if isinstance(obj, torch.Tensor):
+        _feed_tensor(h, obj)
+    elif kind in _MAPPINGS:
+        h.update(f"D{len(obj)}|".encode())
+        for key, value in obj.items():
+            _feed(h, key, f"{where} (a key)")
+            _feed(h, value, f"{where}.{key}" if where else str(key))
+    elif kind in _SEQUENCES:
+        h.update(f"{'L' if kind is list else 'U'}{len(obj)}|".encode())
+        for i, value in enumerate(obj):
+            _feed(h, value, f"{where}[{i}]")
+    elif kind in _SCALARS:
+        h.update(f"{kind.__name__[0]}{obj!r}|".encode())
+    elif kind is str:
+        data = obj.encode("utf-8", "surrogatepass")
+        h.update(f"S{len(data)}|".encode())
+        h.update(data)
+    elif kind is bytes:
+        h.update(f"B{len(obj)}|".encode())
+        h.update(obj)
+    elif kind in (torch.dtype, torch.device):
+        h.update(f"O{obj}|".encode())
+    else:
+        raise TypeError(
+            f"checkpoint entry {where or '<root>'} is a {kind.__module__}.{kind.__qualname__}, "
+            f"which torch.load(weights_only=True) cannot load. Store tensors, numbers, strings, "
+            f"None, torch dtypes/devices and dicts/lists/tuples of them (for example, return "
+            f"float(x) or torch.as_tensor(array) from the state_dict() that produced it)."
+        )
+
+
+def content_hash(obj: Any) -> str:
+    """SHA-256 (hex) of a checkpoint's content, the stored hash key excluded.
+
+    Covers each tensor's dtype, shape and raw bytes, and every key, value and container around
+    them, in order. The same content gives the same hash before saving and after loading.
+
+    Raises:
+        TypeError: ``obj`` holds a value that ``torch.load(weights_only=True)`` could not load;
+            the message names its key path.
+
+    >>> a = content_hash({"w": torch.zeros(3), "epoch": 1})
+    >>> a == content_hash({"w": torch.zeros(3), "epoch": 1}), a == content_hash({"w": torch.zeros(3), "epoch": 2})
+    (True, False)
+    """
+    h = hashlib.sha256()
+    if isinstance(obj, Mapping):
+        obj = {k: v for k, v in obj.items() if k != HASH_KEY}
+    _feed(h, obj, "")
+    return h.hexdigest()
+
+
+def with_content_hash(payload: Mapping[str, Any]) -> dict[str, Any]:
+    """Return a copy of ``payload`` with :data:`FORMAT_KEY` and :data:`HASH_KEY` set.
+
+    >>> ckpt = with_content_hash({"epoch": 0})
+    >>> ckpt[FORMAT_KEY], ckpt[HASH_KEY] == content_hash(ckpt)
+    (1, True)
+    """
+    out = {FORMAT_KEY: FORMAT_VERSION}
+    out.update((k, v) for k, v in payload.items() if k not in (FORMAT_KEY, HASH_KEY))
+    out[HASH_KEY] = content_hash(out)
+    return out
+
+
+# -- crash-safe writing ----------------------------------------------------------------------
+def is_temp_file(name: str) -> bool:
+    """Whether a file name is one of the temporary files :func:`atomic_save` writes.
+
+    >>> is_temp_file(".checkpoint-last.pth.tar.1a2b3c4d.tmp"), is_temp_file("checkpoint-last.pth.tar")
+    (True, False)
+    """
+    return os.path.basename(name).startswith(".") and name.endswith(_TEMP_SUFFIX)
+
+
+def _temp_path(path: str) -> str:
+    directory, name = os.path.split(path)
+    return os.path.join(directory, f".{name}.{uuid.uuid4().hex[:8]}{_TEMP_SUFFIX}")
+
+
+def _fsync_dir(directory: str) -> None:
+    """Make a rename inside ``directory`` durable (a no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # e.g. Windows
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # some file systems refuse fsync on directories
+        pass
+    finally:
+        os.close(fd)
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        os.remove(path)
+    except OSError:
+        pass
+
+
+def _write_error(path: str, exc: BaseException) -> CheckpointError:
+    return CheckpointError(
+        f"Could not write checkpoint {path}: {type(exc).__name__}: {exc}. Previously written "
+        f"checkpoints are untouched. Check free disk space and write permission on "
+        f"{os.path.dirname(path)}, or choose another save_dir."
+    )
+
+
+def atomic_save(obj: Any, path: PathLike) -> str:
+    """Save ``obj`` with :func:`torch.save` so that ``path`` is either old or complete.
+
+    Writes a hidden temporary file next to ``path``, flushes and fsyncs it, renames it over
+    ``path`` and fsyncs the directory. On any failure the temporary file is removed and ``path``
+    keeps its previous content.
+
+    Args:
+        obj: what to save.
+        path: the destination file; its directory must exist.
+
+    Returns:
+        The absolute path written.
+
+    Raises:
+        CheckpointError: the write failed (disk full, no permission...); names the path.
+    """
+    path = os.path.abspath(os.fspath(path))
+    tmp = _temp_path(path)
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as exc:
+        _remove_quietly(tmp)
+        if isinstance(exc, Exception):
+            raise _write_error(path, exc) from exc
+        raise
+    _fsync_dir(os.path.dirname(path))
+    return path
+
+
+def atomic_link(src: PathLike, dst: PathLike) -> str:
+    """Make ``dst`` a complete copy of the finished file ``src``, atomically.
+
+    A hard link costs no space or time; where the file system has none, the bytes are copied
+    and fsync'ed. Either way ``dst`` appears through one :func:`os.replace`, and removing ``src``
+    later leaves ``dst`` intact.
+
+    Returns:
+        The absolute path of ``dst``.
+
+    Raises:
+        CheckpointError: neither linking nor copying worked; names both paths.
+    """
+    src = os.path.abspath(os.fspath(src))
+    dst = os.path.abspath(os.fspath(dst))
+    tmp = _temp_path(dst)
+    try:
+        try:
+            os.link(src, tmp)
+        except OSError:
+            shutil.copyfile(src, tmp)
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+        os.replace(tmp, dst)
+    except BaseException as exc:
+        _remove_quietly(tmp)
+        if isinstance(exc, Exception):
+            raise _write_error(dst, exc) from exc
+        raise
+    _fsync_dir(os.path.dirname(dst))
+    return dst
+
+
+# -- verified loading ------------------------------------------------------------------------
+def _load_error(path: str, exc: Exception) -> CheckpointError:
+    detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if isinstance(exc, pickle.UnpicklingError) and "Unsupported global" in str(exc):
+        start = str(exc).find("Unsupported global")
+        reason = (
+            f"it holds Python objects that a weights-only load refuses ({str(exc)[start:].splitlines()[0]}). "
+            f"Checkpoints are never unpickled with weights_only=False. If you trust the file, "
+            f"re-save it as plain tensors and containers (e.g. torch.save(obj.state_dict(), path))"
+        )
+    elif not zipfile.is_zipfile(path):
+        reason = (
+            f"it is not a complete torch.save archive ({type(exc).__name__}: {detail}). The file "
+            f"is truncated (an interrupted write or copy) or is not a checkpoint at all. Use an "
+            f"older checkpoint or copy the file again"
+        )
+    else:
+        reason = (
+            f"its content is corrupt ({type(exc).__name__}: {detail}). Use an older checkpoint "
+            f"or copy the file again"
+        )
+    return CheckpointError(f"Cannot load checkpoint {path}: {reason}.")
+
+
+def load_checkpoint(path: PathLike, map_location: Any = "cpu", check_hash: bool = True) -> Any:
+    """Load a checkpoint safely and verify its content hash.
+
+    Only ``torch.load(weights_only=True)`` is used; a file that needs arbitrary unpickling is
+    refused, never retried unsafely. When the file carries a content hash (every checkpoint this
+    package writes does) it is recomputed and must match; when the file name carries a short
+    hash (``...-1a2b3c4d.pth.tar``) it must agree with the recorded one. Files written elsewhere
+    (a plain ``state_dict``) load without verification, which is logged.
+
+    Args:
+        path: the checkpoint file.
+        map_location: where tensors are loaded, as in :func:`torch.load` (default the CPU).
+        check_hash: verify the recorded content hash (default). ``False`` skips the check.
+
+    Returns:
+        The loaded object, usually a dict.
+
+    Raises:
+        CheckpointError: the file is missing, empty, truncated, not a checkpoint, holds objects
+            a weights-only load refuses, or its content does not match its hash. The message
+            names the absolute path and the reason.
+
+    >>> load_checkpoint("no/such/dir/nope.pth.tar")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    hat_ignite.errors.CheckpointError: Checkpoint /.../no/such/dir/nope.pth.tar does not exist...
+    """
+    path = os.path.abspath(os.fspath(path))
+    if not os.path.exists(path):
+        raise CheckpointError(
+            f"Checkpoint {path} does not exist. Check the path (and the save_dir / name_prefix "
+            f"that produced it)."
+        )
+    if not os.path.isfile(path):
+        raise CheckpointError(f"Checkpoint {path} is not a regular file. Give the path of a checkpoint file.")
+    if os.path.getsize(path) == 0:
+        raise CheckpointError(
+            f"Cannot load checkpoint {path}: the file is empty (0 bytes), so the write that "
+            f"created it never finished (a crash or a full disk). Delete it and use an older "
+            f"checkpoint."
+        )
+    try:
+        obj = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as exc:  # torch raises many types for bad files; each becomes one clear error
+        raise _load_error(path, exc) from exc
+    if check_hash:
+        verify_content_hash(obj, path)
+    return obj
+
+
+def verify_content_hash(obj: Any, path: str) -> None:
+    """Check a loaded checkpoint against its recorded hash (and its file name's short hash).
+
+    Raises:
+        CheckpointError: the content or the name does not match; names ``path``.
+    """
+    recorded = obj.get(HASH_KEY) if isinstance(obj, Mapping) else None
+    if recorded is None:
+        logger.info("Checkpoint %s has no recorded content hash (not written by hat_ignite); not verified.", path)
+        return
+    try:
+        actual = content_hash(obj)
+    except TypeError as exc:
+        raise CheckpointError(f"Cannot load checkpoint {path}: {exc}") from exc
+    if not isinstance(recorded, str) or actual != recorded:
+        raise CheckpointError(
+            f"Checkpoint {path} is corrupt: its content hash is {actual}, but {recorded!r} was "
+            f"recorded when it was written, so some bytes changed on disk or in transfer. Use an "
+            f"older checkpoint or copy the file again."
+        )
+    named = _NAMED_HASH.search(os.path.basename(path))
+    short = named.group(1) if named else ""
+    if short and not recorded.startswith(short):
+        raise CheckpointError(
+            f"Checkpoint {path} does not match its name: the name carries hash {short}, the "
+            f"content hashes to {recorded[:8]}. The file was replaced or renamed; use the file "
+            f"the name refers to."
+        )

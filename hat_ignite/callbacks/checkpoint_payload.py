@@ -1,0 +1,175 @@
+"""What a training checkpoint holds: :func:`training_state` collects it from a running loop.
+
+Putting it back is :mod:`.checkpoint_state`'s job. The layout of a checkpoint (all of it
+loadable with ``torch.load(weights_only=True)``):
+
+==================  ==========================================================================
+key                 content
+==================  ==========================================================================
+hat_ignite_format   format version (int)
+epoch, step         the 0-based ``epoch_id`` / ``global_step_id`` the saving hook received
+state_dict          model weights (``.module`` of a DDP/DataParallel model)
+optimizer           ``optimizer.state_dict()`` or None
+grad_scaler         the batch processor's ``GradScaler.state_dict()`` or None
+ema_state_dict      weights of ``loop.ema_model`` or None
+callbacks           ``{"ClassName": cb.state_dict()}`` for each stateful callback (a second
+                    callback of the same class is ``"ClassName#1"``, and so on)
+progress            Ignite counters: ``epoch``, ``iteration`` (steps done), ``epoch_length``,
+                    and the run's ``stop_by``, ``num_epochs``, ``num_steps``
+rng                 python / numpy / torch (and CUDA) generator states as tensors and numbers
+versions            ``hat_ignite`` and ``torch`` versions that wrote it
+content_sha256      SHA-256 of all of the above (see :mod:`.checkpoint_io`)
+==================  ==========================================================================
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from torch import nn
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hat_ignite.engine.loop import LoopBase
+
+__all__ = ["unwrap_model", "rng_state", "set_rng_state", "stateful_callbacks", "training_state"]
+
+logger = logging.getLogger(__name__)
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The module inside a ``DistributedDataParallel`` / ``DataParallel`` wrapper (or the model).
+
+    >>> net = nn.Linear(2, 2)
+    >>> unwrap_model(nn.DataParallel(net)) is net, unwrap_model(net) is net
+    (True, True)
+    """
+    if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+        return model.module
+    return model
+
+
+# -- random generators -----------------------------------------------------------------------
+def rng_state() -> dict[str, Any]:
+    """The python, numpy, torch (and initialised CUDA) generator states, as tensors and numbers.
+
+    Unlike the raw states (numpy's is a tuple holding an ndarray), the result loads with
+    ``torch.load(weights_only=True)``.
+
+    >>> saved = rng_state()
+    >>> first = torch.rand(1)
+    >>> set_rng_state(saved)
+    ['python', 'numpy', 'torch']
+    >>> bool(torch.rand(1) == first)
+    True
+    """
+    py_version, py_internal, py_gauss = random.getstate()
+    np_name, np_keys, np_pos, np_has_gauss, np_cached = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": {
+            "version": int(py_version),
+            "state": torch.tensor(py_internal, dtype=torch.int64),
+            "gauss_next": py_gauss,
+        },
+        "numpy": {
+            "name": str(np_name),
+            "keys": torch.from_numpy(np.asarray(np_keys, dtype=np.int64)),
+            "pos": int(np_pos),
+            "has_gauss": int(np_has_gauss),
+            "cached_gaussian": float(np_cached),
+        },
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = [s.cpu() for s in torch.cuda.get_rng_state_all()]
+    return state
+
+
+def set_rng_state(state: Mapping[str, Any]) -> list[str]:
+    """Restore generator states saved by :func:`rng_state`; return the names restored."""
+    restored = []
+    py = state.get("python")
+    if py is not None:
+        random.setstate((py["version"], tuple(int(v) for v in py["state"].tolist()), py["gauss_next"]))
+        restored.append("python")
+    npy = state.get("numpy")
+    if npy is not None:
+        keys = npy["keys"].numpy().astype(np.uint32)
+        np.random.set_state((npy["name"], keys, npy["pos"], npy["has_gauss"], npy["cached_gaussian"]))
+        restored.append("numpy")
+    if state.get("torch") is not None:
+        torch.set_rng_state(state["torch"].cpu())
+        restored.append("torch")
+    cuda = state.get("cuda")
+    if cuda is not None:
+        if torch.cuda.is_available() and torch.cuda.device_count() == len(cuda):
+            torch.cuda.set_rng_state_all(cuda)
+            restored.append("cuda")
+        else:
+            visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            logger.warning(
+                "The checkpoint has CUDA generator states for %d device(s) but %d are visible; "
+                "CUDA generators not restored.", len(cuda), visible,
+            )
+    return restored
+
+
+# -- saving ----------------------------------------------------------------------------------
+def stateful_callbacks(callbacks: Any) -> list[tuple[str, Any]]:
+    """``(key, callback)`` for each callback with ``state_dict()`` and ``load_state_dict()``.
+
+    The key is the class name; a second callback of the same class gets ``"Name#1"``, a third
+    ``"Name#2"``, so keys stay stable while the callback list keeps its order.
+
+    >>> class Counter:
+    ...     def state_dict(self): return {}
+    ...     def load_state_dict(self, sd): pass
+    >>> [k for k, _ in stateful_callbacks([Counter(), object(), Counter()])]
+    ['Counter', 'Counter#1']
+    """
+    seen: dict[str, int] = {}
+    out = []
+    for cb in callbacks or ():
+        if callable(getattr(cb, "state_dict", None)) and callable(getattr(cb, "load_state_dict", None)):
+            name = type(cb).__name__
+            n = seen.get(name, 0)
+            seen[name] = n + 1
+            out.append((name if n == 0 else f"{name}#{n}", cb))
+    return out
+
+
+def training_state(loop: LoopBase, epoch_id: int, global_step_id: int) -> dict[str, Any]:
+    """Everything needed to resume ``loop`` at this point (see the module docstring's table).
+
+    Args:
+        loop: the running engine.
+        epoch_id: the 0-based epoch id the saving hook received (stored as ``"epoch"``).
+        global_step_id: the 0-based global step id the saving hook received (``"step"``).
+    """
+    from hat_ignite import __version__
+
+    state = loop.state
+    scaler = getattr(loop.batch_processor, "grad_scaler", None)
+    return {
+        "epoch": int(epoch_id),
+        "step": int(global_step_id),
+        "state_dict": unwrap_model(loop.model).state_dict(),
+        "optimizer": loop.optimizer.state_dict() if loop.optimizer is not None else None,
+        "grad_scaler": scaler.state_dict() if callable(getattr(scaler, "state_dict", None)) else None,
+        "ema_state_dict": unwrap_model(loop.ema_model).state_dict() if loop.ema_model is not None else None,
+        "callbacks": {key: cb.state_dict() for key, cb in stateful_callbacks(loop.callbacks)},
+        "progress": {
+            "epoch": int(state.epoch),
+            "iteration": int(state.iteration),
+            "epoch_length": int(state.epoch_length) if state.epoch_length else None,
+            "stop_by": str(loop.stop_by),
+            "num_epochs": loop.num_epochs,
+            "num_steps": loop.num_steps,
+        },
+        "rng": rng_state(),
+        "versions": {"hat_ignite": str(__version__), "torch": str(torch.__version__)},
+    }

@@ -1,0 +1,314 @@
+"""Putting a checkpoint back: model weights, or a whole training state.
+
+:func:`load_model_weights` copies weights into a model and refuses the checkpoint of another
+model; :func:`resume_from` / :func:`restore_training_state` restore optimizer, progress, callback
+states and random generators into a loop; :class:`LoadCheckpoint` is the ``model -> model``
+converter HAT configs put in ``model_convert_pipeline``. Files are read with
+:func:`~.checkpoint_io.load_checkpoint` (weights-only, hash verified); what they hold is listed
+in :mod:`.checkpoint_payload`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+from torch import nn
+
+from hat_ignite.callbacks.checkpoint_io import PathLike, load_checkpoint
+from hat_ignite.callbacks.checkpoint_payload import set_rng_state, stateful_callbacks, unwrap_model
+from hat_ignite.errors import CheckpointError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hat_ignite.engine.loop import LoopBase
+
+__all__ = ["load_model_weights", "restore_training_state", "resume_from", "LoadCheckpoint"]
+
+logger = logging.getLogger(__name__)
+
+_MAX_LISTED = 5
+
+
+def _listed(keys: list[str]) -> str:
+    shown = ", ".join(keys[:_MAX_LISTED])
+    return shown + (f" (+{len(keys) - _MAX_LISTED} more)" if len(keys) > _MAX_LISTED else "")
+
+
+def _model_weights(checkpoint: Any, path: str) -> Mapping[str, Any]:
+    if isinstance(checkpoint, Mapping):
+        weights = checkpoint.get("state_dict")
+        if isinstance(weights, Mapping):
+            return weights
+        if checkpoint and all(isinstance(v, torch.Tensor) for v in checkpoint.values()):
+            return checkpoint  # a bare state_dict saved with torch.save(model.state_dict())
+    keys = [str(k) for k in checkpoint] if isinstance(checkpoint, Mapping) else []
+    raise CheckpointError(
+        f"Checkpoint {path} holds no model weights: expected a 'state_dict' entry or a bare "
+        f"state dict of tensors, found {type(checkpoint).__name__} with keys [{_listed(keys)}]."
+    )
+
+
+def load_model_weights(
+    model: nn.Module,
+    checkpoint: Any,
+    path: PathLike,
+    allow_miss: bool = False,
+    ignore_extra: bool = False,
+    verbose: bool = False,
+    state_dict_update_func: Callable[[dict], dict] | None = None,
+    key: str = "state_dict",
+) -> nn.Module:
+    """Copy a loaded checkpoint's weights into ``model``, checking that they fit.
+
+    Args:
+        model: the model (a DDP/DataParallel wrapper is looked through).
+        checkpoint: a loaded checkpoint dict, or a bare state dict.
+        path: the checkpoint's path, named in errors.
+        allow_miss: accept model entries the checkpoint lacks (they keep their values).
+        ignore_extra: accept checkpoint entries the model lacks (they are dropped).
+        verbose: log the missing and extra keys even when they are accepted.
+        state_dict_update_func: applied to the weights before loading (rename keys, ...).
+        key: the checkpoint entry holding the weights (``"ema_state_dict"`` for EMA weights).
+
+    Returns:
+        ``model``.
+
+    Raises:
+        CheckpointError: shapes differ, or keys are missing/extra and not allowed — usually the
+            checkpoint of another model. Names the path and the first offending keys.
+    """
+    path = os.path.abspath(os.fspath(path))
+    if key == "state_dict":
+        weights = dict(_model_weights(checkpoint, path))
+    else:
+        weights = dict(checkpoint[key])
+    if state_dict_update_func is not None:
+        weights = dict(state_dict_update_func(weights))
+    target = unwrap_model(model)
+    own = target.state_dict()
+    if weights and all(k.startswith("module.") for k in weights) and not any(k.startswith("module.") for k in own):
+        weights = {k[len("module."):]: v for k, v in weights.items()}
+    missing = [k for k in own if k not in weights]
+    extra = [k for k in weights if k not in own]
+    shapes = [
+        f"{k}: checkpoint {tuple(weights[k].shape)} vs model {tuple(own[k].shape)}"
+        for k in own
+        if k in weights and isinstance(own[k], torch.Tensor) and isinstance(weights[k], torch.Tensor)
+        and weights[k].shape != own[k].shape
+    ]
+    problems = []
+    if shapes:
+        problems.append(f"{len(shapes)} shape mismatch(es) [{_listed(shapes)}]")
+    if missing and not allow_miss:
+        problems.append(f"{len(missing)} model key(s) missing from the checkpoint [{_listed(missing)}]")
+    if extra and not ignore_extra:
+        problems.append(f"{len(extra)} checkpoint key(s) the model does not have [{_listed(extra)}]")
+    if problems:
+        raise CheckpointError(
+            f"Checkpoint {path} ({key}) does not fit {type(target).__name__}: {'; '.join(problems)}. "
+            f"Is it the checkpoint of another model? Load the right file, or pass allow_miss=True / "
+            f"ignore_extra=True to load the matching part (shapes must always agree)."
+        )
+    if verbose and (missing or extra):
+        logger.info("Loading %s into %s: missing %s; extra %s", path, type(target).__name__, missing, extra)
+    target.load_state_dict({k: v for k, v in weights.items() if k in own}, strict=False)
+    return model
+
+
+def restore_training_state(
+    loop: LoopBase, checkpoint: Mapping[str, Any], path: PathLike, load_model: bool = True
+) -> dict[str, list[str]]:
+    """Put a loaded checkpoint back into ``loop``; log what was and was not restored.
+
+    Always: the model weights (if ``load_model``) and the EMA weights (when both the
+    checkpoint and ``loop.ema_model`` have them). With ``loop.resume_optimizer``: the optimizer
+    and the grad scaler. With ``loop.resume_epoch_or_step``: the progress (``loop.start_epoch`` /
+    ``loop.start_step``, so ``fit()`` continues after the saved step), the callback states and the
+    random generators. The checkpoint is also kept as ``loop.checkpoint`` for callbacks that
+    restore themselves later (an EMA callback creating ``ema_model`` at loop begin, say).
+
+    Returns:
+        ``{"restored": [...], "skipped": ["what (why)", ...]}``.
+
+    Raises:
+        CheckpointError: the weights, optimizer or a callback state do not fit; names the path.
+    """
+    path = os.path.abspath(os.fspath(path))
+    restored: list[str] = []
+    skipped: list[str] = []
+    if load_model:
+        load_model_weights(loop.model, checkpoint, path)
+        restored.append("model")
+    if checkpoint.get("ema_state_dict") is not None:
+        if loop.ema_model is not None:
+            load_model_weights(loop.ema_model, checkpoint, path, key="ema_state_dict")
+            restored.append("ema_model")
+        else:
+            skipped.append("ema_model (the loop has no ema_model yet; it stays in loop.checkpoint)")
+    _restore_optimizer(loop, checkpoint, path, restored, skipped)
+    _restore_progress(loop, checkpoint, path, restored, skipped)
+    loop.checkpoint = checkpoint
+    logger.info("Restored from %s: %s.", path, ", ".join(restored) or "nothing")
+    if skipped:
+        logger.info("Not restored from %s: %s.", path, "; ".join(skipped))
+    return {"restored": restored, "skipped": skipped}
+
+
+def _fail(path: str, what: str, exc: Exception) -> CheckpointError:
+    return CheckpointError(
+        f"Checkpoint {path}: the saved {what} does not fit this run ({type(exc).__name__}: {exc}). "
+        f"Resume with the configuration that wrote it, or set resume_optimizer=False / "
+        f"resume_epoch_or_step=False to load the model weights only."
+    )
+
+
+def _restore_optimizer(
+    loop: LoopBase, ckpt: Mapping[str, Any], path: str, restored: list[str], skipped: list[str]
+) -> None:
+    if not loop.resume_optimizer:
+        skipped.append("optimizer and grad_scaler (resume_optimizer=False)")
+        return
+    if ckpt.get("optimizer") is None or loop.optimizer is None:
+        skipped.append("optimizer (the loop has none)" if loop.optimizer is None else "optimizer (none saved)")
+    else:
+        try:
+            loop.optimizer.load_state_dict(ckpt["optimizer"])
+        except (ValueError, KeyError, RuntimeError) as exc:
+            raise _fail(path, "optimizer state", exc) from exc
+        restored.append("optimizer")
+    scaler = getattr(loop.batch_processor, "grad_scaler", None)
+    if ckpt.get("grad_scaler"):
+        if callable(getattr(scaler, "load_state_dict", None)):
+            scaler.load_state_dict(ckpt["grad_scaler"])
+            restored.append("grad_scaler")
+        else:
+            skipped.append("grad_scaler (the batch processor has no GradScaler yet)")
+
+
+def _restore_progress(
+    loop: LoopBase, ckpt: Mapping[str, Any], path: str, restored: list[str], skipped: list[str]
+) -> None:
+    if not loop.resume_epoch_or_step:
+        skipped.append("epoch/step, callback states and RNG (resume_epoch_or_step=False)")
+        return
+    progress = ckpt.get("progress")
+    if isinstance(progress, Mapping):
+        iteration = int(progress["iteration"])
+        saved_length = progress.get("epoch_length")
+        try:
+            length = len(loop.data_loader)  # type: ignore[arg-type]
+        except TypeError:
+            length = saved_length
+        if saved_length and length and saved_length != length:
+            logger.warning(
+                "Checkpoint %s was written with %d steps per epoch; the data loader now has %d.",
+                path, saved_length, length,
+            )
+        loop.start_step = iteration
+        loop.start_epoch = iteration // length if length else 0
+        restored.append(f"progress (iteration {iteration})")
+    else:
+        skipped.append("epoch/step (the checkpoint records no progress)")
+    saved = ckpt.get("callbacks") or {}
+    for key, cb in stateful_callbacks(loop.callbacks):
+        if key not in saved:
+            skipped.append(f"callback {key} (not in the checkpoint)")
+            continue
+        try:
+            cb.load_state_dict(saved[key])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise _fail(path, f"state of callback {key}", exc) from exc
+        restored.append(f"callback {key}")
+    present = {key for key, _ in stateful_callbacks(loop.callbacks)}
+    skipped.extend(f"callback {k} (no such callback in this loop)" for k in saved if k not in present)
+    if ckpt.get("rng") is not None:
+        restored.extend(f"rng:{name}" for name in set_rng_state(ckpt["rng"]))
+    else:
+        skipped.append("rng (none saved)")
+
+
+def resume_from(loop: LoopBase, path: PathLike, check_hash: bool = True) -> dict[str, list[str]]:
+    """Load a checkpoint file and restore a whole training state into ``loop``, before ``fit()``.
+
+    What is restored follows ``loop.resume_optimizer`` and ``loop.resume_epoch_or_step`` (see
+    :func:`restore_training_state`). Call it after building the loop and right before ``fit()``.
+
+    Returns:
+        ``{"restored": [...], "skipped": [...]}``, also logged.
+
+    Raises:
+        CheckpointError: the file is unreadable, corrupt, or of another model; names the path.
+    """
+    checkpoint = load_checkpoint(path, check_hash=check_hash)
+    return restore_training_state(loop, checkpoint, path)
+
+
+class LoadCheckpoint:
+    """A ``model -> model`` converter that loads checkpoint weights (for ``model_convert_pipeline``).
+
+    The file is loaded with :func:`~.checkpoint_io.load_checkpoint` (weights-only, hash
+    verified) and its weights copied into the model with :func:`load_model_weights`. The loaded
+    checkpoint stays in :attr:`checkpoint`, and :meth:`resume` restores the rest of the training
+    state into a loop.
+
+    Args:
+        checkpoint_path: the checkpoint file.
+        allow_miss: accept model entries the checkpoint lacks.
+        ignore_extra: accept checkpoint entries the model lacks.
+        verbose: log missing/extra keys even when accepted.
+        check_hash: verify the recorded content hash (default ``True``).
+        state_dict_update_func: applied to the weights before loading (rename keys, ...).
+
+    Example:
+        >>> import tempfile, torch
+        >>> from hat_ignite.callbacks.checkpoint_io import atomic_save, with_content_hash
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> src = nn.Linear(3, 2)
+        >>> path = atomic_save(with_content_hash({"state_dict": src.state_dict()}), f"{tmp.name}/w.pth.tar")
+        >>> model = LoadCheckpoint(path)(nn.Linear(3, 2))
+        >>> torch.equal(model.weight, src.weight)
+        True
+        >>> tmp.cleanup()
+    """
+
+    def __init__(
+        self,
+        checkpoint_path: PathLike,
+        allow_miss: bool = False,
+        ignore_extra: bool = False,
+        verbose: bool = False,
+        check_hash: bool = True,
+        state_dict_update_func: Callable[[dict], dict] | None = None,
+    ) -> None:
+        self.checkpoint_path = checkpoint_path
+        self.allow_miss = allow_miss
+        self.ignore_extra = ignore_extra
+        self.verbose = verbose
+        self.check_hash = check_hash
+        self.state_dict_update_func = state_dict_update_func
+        self.checkpoint: Any = None
+
+    def __call__(self, model: nn.Module) -> nn.Module:
+        self.checkpoint = load_checkpoint(self.checkpoint_path, check_hash=self.check_hash)
+        load_model_weights(
+            model, self.checkpoint, self.checkpoint_path, allow_miss=self.allow_miss,
+            ignore_extra=self.ignore_extra, verbose=self.verbose,
+            state_dict_update_func=self.state_dict_update_func,
+        )
+        logger.info("Loaded model weights from %s.", self.checkpoint_path)
+        return model
+
+    def resume(self, loop: LoopBase) -> dict[str, list[str]]:
+        """Restore the rest of the loaded training state into ``loop`` (weights already loaded)."""
+        if self.checkpoint is None:
+            raise ValueError(
+                f"LoadCheckpoint({self.checkpoint_path!r}).resume(loop) was called before the "
+                f"converter ran; apply it to the model first (model_convert_pipeline does)."
+            )
+        return restore_training_state(loop, self.checkpoint, self.checkpoint_path, load_model=False)
+
+    def __repr__(self) -> str:
+        return f"LoadCheckpoint({self.checkpoint_path!r})"

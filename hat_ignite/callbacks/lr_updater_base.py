@@ -1,0 +1,257 @@
+"""`LrUpdaterBase`: warmup plus a formal schedule, as a pure function of the loop position.
+
+Every LR updater computes each param group's lr from ``(epoch_id, global_step_id)`` alone::
+
+    n_warm = global_step_id if warmup_by == "step" else epoch_id
+    if n_warm < warmup_len:                               # warmup
+        lr = get_warmup_lr(base_lr * warmup_lr_ratio, n_warm)
+    else:                                                 # formal training
+        lr = get_lr(base_lr, global_step_id if update_by == "step" else epoch_id)
+
+``base_lr`` is the group's initial lr (its ``initial_lr`` entry, set from ``lr`` the first time),
+so param groups keep their own lrs and move together. The lr is set on each epoch begin and, when
+it can change within an epoch (``update_by="step"`` or a step warmup), on each step begin. No
+counter is kept: a resumed run (``start_epoch`` / ``start_step``) gets the same lr at the same step,
+and :meth:`~LrUpdaterBase.state_dict` holds only the base lrs.
+
+Warmup (``get_warmup_lr``): ``"linear"`` goes from ``warmup_begin_lr`` towards
+``base_lr * warmup_lr_ratio`` over ``warmup_len`` steps or epochs; ``"constant"`` holds
+``base_lr * warmup_lr_ratio``. With ``warmup_by="epoch"`` the warmup lr changes on epoch begin.
+Subclasses implement :meth:`~LrUpdaterBase.get_lr`; those whose formula starts after the warmup
+read :attr:`~LrUpdaterBase.warmup_updates`, the warmup length in ``update_by`` units.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Iterable
+
+import torch
+
+from hat_ignite.callbacks.base import CallbackMixin
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hat_ignite.engine.loop import LoopBase
+
+__all__ = ["LrUpdaterBase", "annealing_cos"]
+
+logger = logging.getLogger(__name__)
+
+_UNITS = ("step", "epoch")
+_WARMUP_MODES = ("constant", "linear")
+
+
+def annealing_cos(start: float, end: float, pct: float) -> float:
+    """Cosine anneal from ``start`` (``pct=0``) to ``end`` (``pct=1``).
+
+    >>> annealing_cos(1.0, 0.0, 0.0), annealing_cos(1.0, 0.0, 0.5), annealing_cos(1.0, 0.0, 1.0)
+    (1.0, 0.5, 0.0)
+    """
+    return end + (start - end) / 2.0 * (math.cos(math.pi * pct) + 1.0)
+
+
+def _unit(value: str | None, name: str, owner: str) -> str:
+    unit = (value or "").lower()
+    if unit not in _UNITS:
+        raise ValueError(f"{owner}({name}={value!r}): use 'step' or 'epoch'.")
+    return unit
+
+
+def _loader_length(data_loader: Iterable | None) -> int | None:
+    try:
+        length = len(data_loader)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+    return length if length > 0 else None
+
+
+class LrUpdaterBase(CallbackMixin):
+    """Base of the LR updaters: warmup, per-group base lrs, when to set the lr, logging.
+
+    Args:
+        update_by: formal-training lr changes on ``"step"`` begin (by ``global_step_id``) or on
+            ``"epoch"`` begin (by ``epoch_id``).
+        warmup_by: warmup lr changes on ``"step"`` or on ``"epoch"`` begin.
+        warmup_len: warmup length, in steps or epochs as ``warmup_by`` says (0: no warmup).
+        warmup_mode: ``"linear"`` or ``"constant"``.
+        warmup_begin_lr: the lr a linear warmup starts from.
+        warmup_lr_ratio: the warmup ends at ``base_lr * warmup_lr_ratio`` (in ``[0, 1]``).
+        step_log_interval: log the lr every this many steps when it is set on steps (it is
+            logged on every epoch begin).
+
+    Subclasses implement :meth:`get_lr` and may override :meth:`prepare` (run-length checks),
+    :meth:`get_warmup_lr`, :meth:`in_warmup` and :meth:`anchor_lrs`.
+    """
+
+    def __init__(
+        self,
+        update_by: str = "step",
+        warmup_by: str = "step",
+        warmup_len: int = 0,
+        warmup_mode: str = "linear",
+        warmup_begin_lr: float = 0.0,
+        warmup_lr_ratio: float = 1.0,
+        step_log_interval: int = 1,
+    ) -> None:
+        owner = type(self).__name__
+        self.update_by = _unit(update_by, "update_by", owner)
+        self.warmup_by = _unit(warmup_by, "warmup_by", owner)
+        if isinstance(warmup_len, bool) or not isinstance(warmup_len, int) or warmup_len < 0:
+            raise ValueError(f"{owner}(warmup_len={warmup_len!r}): give a non-negative integer.")
+        if warmup_mode not in _WARMUP_MODES:
+            raise ValueError(f"{owner}(warmup_mode={warmup_mode!r}): use 'linear' or 'constant'.")
+        if not warmup_begin_lr >= 0:
+            raise ValueError(f"{owner}(warmup_begin_lr={warmup_begin_lr!r}): give a non-negative lr.")
+        if not 0.0 <= warmup_lr_ratio <= 1.0:
+            raise ValueError(f"{owner}(warmup_lr_ratio={warmup_lr_ratio!r}): give a ratio in [0, 1].")
+        if isinstance(step_log_interval, bool) or not isinstance(step_log_interval, int) or step_log_interval < 1:
+            raise ValueError(f"{owner}(step_log_interval={step_log_interval!r}): give a positive integer.")
+        self.warmup_len = warmup_len
+        self.warmup_mode = warmup_mode
+        self.warmup_begin_lr = float(warmup_begin_lr)
+        self.warmup_lr_ratio = float(warmup_lr_ratio)
+        self.step_log_interval = step_log_interval
+        #: Steps per epoch (``len(data_loader)``), known from loop begin.
+        self.step_per_epoch: int | None = None
+        #: The run's length in steps and in epochs, known from loop begin where computable.
+        self.total_steps: int | None = None
+        self.total_epochs: int | None = None
+        #: Warmup length in ``update_by`` units.
+        self.warmup_updates: int | None = warmup_len if self.update_by == self.warmup_by else None
+        self._base_lrs: list[float] | None = None
+        self._restored_base_lrs: list[float] | None = None
+        self._anchors: list[float] = []
+        self._apply_next_step = False
+
+    # -- the schedule: pure functions ----------------------------------------------------------
+    def get_lr(self, begin_lr: float, num_update: int) -> float:
+        """Formal-training lr of a group whose base lr is ``begin_lr``, at update ``num_update``.
+
+        ``num_update`` is ``global_step_id`` (``update_by="step"``) or ``epoch_id``.
+        """
+        raise NotImplementedError(f"{type(self).__name__} must implement get_lr(begin_lr, num_update).")
+
+    def get_warmup_lr(self, warmup_end_lr: float, num_update: int) -> float:
+        """Warmup lr at warmup update ``num_update`` (0-based), ending at ``warmup_end_lr``."""
+        if self.warmup_mode == "constant":
+            return warmup_end_lr
+        return self.warmup_begin_lr + (warmup_end_lr - self.warmup_begin_lr) * num_update / self.warmup_len
+
+    def in_warmup(self, num_update: int) -> bool:
+        """Whether warmup update ``num_update`` (in ``warmup_by`` units) is still warming up."""
+        return num_update < self.warmup_len
+
+    def lr_at(self, base_lr: float, epoch_id: int, global_step_id: int) -> float:
+        """The lr of a group anchored at ``base_lr`` at this loop position (see the module doc)."""
+        n_warm = global_step_id if self.warmup_by == "step" else epoch_id
+        if self.in_warmup(n_warm):
+            return self.get_warmup_lr(base_lr * self.warmup_lr_ratio, n_warm)
+        return self.get_lr(base_lr, global_step_id if self.update_by == "step" else epoch_id)
+
+    def anchor_lrs(self, base_lrs: list[float]) -> list[float]:
+        """The per-group lrs the formulas are anchored to; by default the base lrs themselves."""
+        return list(base_lrs)
+
+    def prepare(self) -> None:
+        """Check arguments against the run and derive lengths; called on loop begin."""
+
+    def require(self, value: Any, what: str) -> Any:
+        """Return ``value``, or raise a ValueError saying ``what`` the updater could not learn."""
+        if value is None:
+            raise ValueError(
+                f"{type(self).__name__} needs {what}, which this run does not define: give the "
+                f"data_loader a length (len(data_loader)) and the loop num_epochs / num_steps, or "
+                f"set the updater's length arguments explicitly."
+            )
+        return value
+
+    # -- hooks ---------------------------------------------------------------------------------
+    def on_loop_begin(self, optimizer: torch.optim.Optimizer | None, data_loader: Any,
+                      num_epochs: int | None, num_steps: int | None, loop: LoopBase, **kwargs: Any) -> None:
+        owner = type(self).__name__
+        if optimizer is None:
+            raise ValueError(f"{owner} needs the loop's optimizer, but the loop has none.")
+        spe = _loader_length(data_loader)
+        stop_by = getattr(loop, "stop_by", None) or ("epoch" if num_epochs is not None else "step")
+        if stop_by == "epoch":
+            self.total_epochs = num_epochs
+            self.total_steps = num_epochs * spe if spe is not None and num_epochs is not None else None
+        else:
+            self.total_steps = num_steps
+            self.total_epochs = math.ceil(num_steps / spe) if spe is not None and num_steps is not None else None
+        self.step_per_epoch = spe
+        if self.update_by == self.warmup_by:
+            self.warmup_updates = self.warmup_len
+        elif self.warmup_len == 0:
+            self.warmup_updates = 0
+        else:
+            spe = self.require(spe, "the steps per epoch to convert between warmup_by and update_by")
+            if self.update_by == "step":
+                self.warmup_updates = self.warmup_len * spe
+            else:
+                self.warmup_updates = math.ceil(self.warmup_len / spe)
+        groups = optimizer.param_groups
+        if self._restored_base_lrs is not None:
+            if len(self._restored_base_lrs) != len(groups):
+                raise ValueError(
+                    f"{owner}: the restored state has {len(self._restored_base_lrs)} base lr(s) but the "
+                    f"optimizer has {len(groups)} param group(s). Resume with the same optimizer setup."
+                )
+            self._base_lrs = list(self._restored_base_lrs)
+        else:
+            self._base_lrs = [float(group.setdefault("initial_lr", group["lr"])) for group in groups]
+        self.prepare()
+        self._anchors = self.anchor_lrs(self._base_lrs)
+        self._apply_next_step = True
+
+    def on_epoch_begin(self, optimizer: torch.optim.Optimizer, epoch_id: int, global_step_id: int,
+                       **kwargs: Any) -> None:
+        self._apply(optimizer, epoch_id, global_step_id)
+        self._log(optimizer, epoch_id, 0, global_step_id)
+
+    def on_step_begin(self, optimizer: torch.optim.Optimizer, epoch_id: int, step_id: int,
+                      global_step_id: int, **kwargs: Any) -> None:
+        per_step = self.update_by == "step" or (self.warmup_by == "step" and global_step_id <= self.warmup_len)
+        if per_step or self._apply_next_step:
+            self._apply(optimizer, epoch_id, global_step_id)
+            if per_step and (global_step_id + 1) % self.step_log_interval == 0:
+                self._log(optimizer, epoch_id, step_id, global_step_id)
+
+    def _apply(self, optimizer: torch.optim.Optimizer, epoch_id: int, global_step_id: int) -> None:
+        for group, anchor in zip(optimizer.param_groups, self._anchors):
+            group["lr"] = self.lr_at(anchor, epoch_id, global_step_id)
+        self._apply_next_step = False
+
+    @staticmethod
+    def _log(optimizer: torch.optim.Optimizer, epoch_id: int, step_id: int, global_step_id: int) -> None:
+        if logger.isEnabledFor(logging.INFO):
+            lrs = ", ".join(f"{group['lr']:.6g}" for group in optimizer.param_groups)
+            logger.info("Epoch[%d] Step[%d] GlobalStep[%d] lr=%s", epoch_id, step_id, global_step_id, lrs)
+
+    # -- state ---------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The per-group base lrs (the schedule itself is a function of the loop position)."""
+        base = self._base_lrs if self._base_lrs is not None else self._restored_base_lrs
+        return {"base_lrs": None if base is None else [float(lr) for lr in base]}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Use the saved base lrs from the next loop begin on (and right away if running)."""
+        base = state_dict.get("base_lrs")
+        if base is None:
+            return
+        if not isinstance(base, (list, tuple)) or not all(isinstance(v, (int, float)) for v in base):
+            raise ValueError(
+                f"{type(self).__name__}.load_state_dict: 'base_lrs' must be a list of numbers, got {base!r}."
+            )
+        self._restored_base_lrs = [float(v) for v in base]
+        if self._base_lrs is not None and len(self._base_lrs) == len(base):
+            self._base_lrs = list(self._restored_base_lrs)
+            self._anchors = self.anchor_lrs(self._base_lrs)
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(update_by={self.update_by!r}, warmup_by={self.warmup_by!r}, "
+            f"warmup_len={self.warmup_len})"
+        )

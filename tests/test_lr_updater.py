@@ -1,0 +1,305 @@
+"""The LR updaters against closed forms written here and against torch's own schedulers.
+
+Each test trains a real model with a real optimizer (two param groups with different lrs) and
+records every group's lr at each step begin, after the updater has set it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from hat_ignite.callbacks import CallbackMixin
+from hat_ignite.callbacks.lr_updater import (
+    CosineAnnealingLrUpdater,
+    CosLrUpdater,
+    CyclicLrUpdater,
+    NoamLrUpdater,
+    OneCycleUpdater,
+    PolyLrUpdater,
+    StepDecayLrUpdater,
+)
+from hat_ignite.engine import BasicBatchProcessor, Trainer, collect_loss_by_index
+
+BASE_LRS = (0.1, 0.025)
+STEPS_PER_EPOCH = 4
+
+
+class TwoLayerNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(4, 8)
+        self.head = nn.Linear(8, 1)
+
+    def forward(self, x, y):
+        return (nn.functional.mse_loss(self.head(torch.relu(self.body(x))), y),)
+
+
+class RecordLr(CallbackMixin):
+    """Records (epoch_id, global_step_id, [lr of each group]) at every step begin."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[int, int, list[float]]] = []
+
+    def on_step_begin(self, optimizer, epoch_id, global_step_id, **kwargs):
+        self.rows.append((epoch_id, global_step_id, [g["lr"] for g in optimizer.param_groups]))
+
+
+def make_data(n_batches: int = STEPS_PER_EPOCH) -> list:
+    g = torch.Generator().manual_seed(0)
+    return [(torch.randn(3, 4, generator=g), torch.randn(3, 1, generator=g)) for _ in range(n_batches)]
+
+
+def train(updater, num_epochs: int = 3, lrs=BASE_LRS, data=None, **trainer_kwargs) -> list:
+    torch.manual_seed(0)
+    model = TwoLayerNet()
+    optimizer = torch.optim.SGD(
+        [{"params": model.body.parameters(), "lr": lrs[0]}, {"params": model.head.parameters(), "lr": lrs[1]}],
+        lr=lrs[0], momentum=0.9,
+    )
+    record = RecordLr()
+    if "num_steps" in trainer_kwargs:
+        trainer_kwargs.setdefault("stop_by", "step")
+    else:
+        trainer_kwargs["num_epochs"] = num_epochs
+    trainer = Trainer(
+        model=model, data_loader=data if data is not None else make_data(), optimizer=optimizer,
+        batch_processor=BasicBatchProcessor(need_grad_update=True, loss_collector=collect_loss_by_index(0)),
+        device=None, callbacks=[updater, record], **trainer_kwargs,
+    )
+    trainer.fit()
+    return record.rows
+
+
+def torch_schedule(make_scheduler, n_updates: int, lrs=BASE_LRS) -> list[list[float]]:
+    """The lrs torch's scheduler gives each group at updates 0..n_updates-1."""
+    params = [nn.Parameter(torch.zeros(1)) for _ in lrs]
+    optimizer = torch.optim.SGD([{"params": [p], "lr": lr} for p, lr in zip(params, lrs)], lr=lrs[0])
+    scheduler = make_scheduler(optimizer)
+    out = []
+    for _ in range(n_updates):
+        out.append([g["lr"] for g in optimizer.param_groups])
+        optimizer.step()
+        scheduler.step()
+    return out
+
+
+def check(rows, expected_fn) -> None:
+    """Every recorded lr equals expected_fn(base_lr, epoch_id, global_step_id)."""
+    assert rows, "the run recorded no steps"
+    for epoch_id, step, got in rows:
+        want = [expected_fn(base, epoch_id, step) for base in BASE_LRS]
+        assert got == pytest.approx(want, rel=1e-12, abs=1e-15), (epoch_id, step)
+
+
+def cos_anneal(start: float, end: float, pct: float) -> float:
+    return end + (start - end) * (1 + math.cos(math.pi * pct)) / 2
+
+
+# -- polynomial --------------------------------------------------------------------------------
+def test_poly_by_step_matches_formula_and_torch_polynomial_lr():
+    total = 3 * STEPS_PER_EPOCH
+    rows = train(PolyLrUpdater(max_update=total, power=2.0))
+    check(rows, lambda b, e, g: b * (1 - g / total) ** 2)
+    poly = torch.optim.lr_scheduler.PolynomialLR
+    torch_lrs = torch_schedule(lambda o: poly(o, total_iters=total, power=2.0), total)
+    for (_, g, got), want in zip(rows, torch_lrs):
+        assert got == pytest.approx(want, rel=1e-9, abs=1e-12), g
+
+
+def test_poly_with_linear_step_warmup_and_final_lr():
+    up = PolyLrUpdater(max_update=6, power=1.0, final_lr=0.001, warmup_len=3, warmup_begin_lr=0.002,
+                       warmup_lr_ratio=0.5)
+
+    def expected(b, e, g):
+        if g < 3:
+            return 0.002 + (0.5 * b - 0.002) * g / 3
+        done = min(g - 3, 6)
+        return 0.001 + (b - 0.001) * (1 - done / 6)
+
+    rows = train(up)
+    check(rows, expected)
+    assert rows[-1][2] == pytest.approx([0.001, 0.001])  # past max_update the lr stays at final_lr
+
+
+def test_poly_by_epoch_after_step_warmup_changes_on_epoch_begin():
+    # warmup 6 steps = ceil(6 / 4) = 2 epochs in update units; formal lr follows epoch_id
+    up = PolyLrUpdater(max_update=3, update_by="epoch", power=1.0, warmup_len=6, warmup_mode="constant",
+                       warmup_lr_ratio=0.25)
+
+    def expected(b, e, g):
+        if g < 6:
+            return 0.25 * b
+        return b * (1 - max(e - 2, 0) / 3)
+
+    check(train(up, num_epochs=4), expected)
+
+
+# -- step decay --------------------------------------------------------------------------------
+def test_step_decay_by_epoch_matches_formula_and_torch_multistep_lr():
+    rows = train(StepDecayLrUpdater(lr_decay_id=[1, 3], lr_decay_factor=0.5), num_epochs=4)
+    check(rows, lambda b, e, g: b * 0.5 ** sum(e >= m for m in (1, 3)))
+    torch_lrs = torch_schedule(lambda o: torch.optim.lr_scheduler.MultiStepLR(o, milestones=[1, 3], gamma=0.5), 4)
+    for epoch_id, _, got in rows:
+        assert got == pytest.approx(torch_lrs[epoch_id], rel=1e-12)
+
+
+def test_step_decay_with_epoch_warmup_sets_warmup_lr_per_epoch():
+    up = StepDecayLrUpdater(warmup_len=2, warmup_begin_lr=0.001, lr_decay_id=[3], lr_decay_factor=0.1)
+
+    def expected(b, e, g):
+        if e < 2:
+            return 0.001 + (b - 0.001) * e / 2
+        return b * (0.1 if e >= 3 else 1.0)
+
+    check(train(up, num_epochs=4), expected)
+
+
+def test_step_decay_inside_warmup_is_refused():
+    with pytest.raises(ValueError, match="inside the warmup"):
+        train(StepDecayLrUpdater(warmup_len=2, lr_decay_id=[1]))
+
+
+# -- cosine ------------------------------------------------------------------------------------
+def test_cos_by_step_matches_formula_and_torch_cosine_annealing():
+    total = 3 * STEPS_PER_EPOCH
+    rows = train(CosLrUpdater(stop_lr=0.001))  # max_steps=-1: the whole run
+    check(rows, lambda b, e, g: cos_anneal(b, 0.001, g / total))
+    cosine = torch.optim.lr_scheduler.CosineAnnealingLR
+    torch_lrs = torch_schedule(lambda o: cosine(o, T_max=total, eta_min=0.001), total)
+    for (_, g, got), want in zip(rows, torch_lrs):
+        assert got == pytest.approx(want, rel=1e-9, abs=1e-12), g
+
+
+def test_cos_with_epoch_warmup_decays_over_the_remaining_steps():
+    up = CosLrUpdater(stop_lr=0.0, warmup_by="epoch", warmup_len=1, warmup_mode="constant", warmup_lr_ratio=0.1)
+    span = 3 * STEPS_PER_EPOCH - STEPS_PER_EPOCH
+
+    def expected(b, e, g):
+        return 0.1 * b if e < 1 else cos_anneal(b, 0.0, (g - STEPS_PER_EPOCH) / span)
+
+    check(train(up), expected)
+
+
+def test_cos_stop_by_step_uses_num_steps():
+    rows = train(CosLrUpdater(stop_lr=0.0), num_steps=10)
+    assert len(rows) == 10
+    check(rows, lambda b, e, g: cos_anneal(b, 0.0, g / 10))
+
+
+def test_cosine_annealing_by_epoch_matches_formula_and_torch():
+    rows = train(CosineAnnealingLrUpdater(stop_lr=0.002), num_epochs=4)
+    check(rows, lambda b, e, g: cos_anneal(b, 0.002, e / 4))
+    torch_lrs = torch_schedule(lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=4, eta_min=0.002), 4)
+    for epoch_id, _, got in rows:
+        assert got == pytest.approx(torch_lrs[epoch_id], rel=1e-9, abs=1e-12)
+
+
+def test_cosine_annealing_with_step_warmup_switches_mid_epoch():
+    up = CosineAnnealingLrUpdater(stop_lr=0.0, warmup_len=5, warmup_begin_lr=0.0)
+
+    def expected(b, e, g):
+        return b * g / 5 if g < 5 else cos_anneal(b, 0.0, e / 3)
+
+    check(train(up), expected)
+
+
+# -- one cycle ---------------------------------------------------------------------------------
+def test_one_cycle_matches_formula_and_torch_one_cycle_lr():
+    total, lr_max, div, pct, stop = 3 * STEPS_PER_EPOCH, 0.4, 8.0, 0.3, 0.0005
+    rows = train(OneCycleUpdater(lr_max=lr_max, div_factor=div, pct_start=pct, stop_lr=stop))
+    peak_at = pct * total - 1
+
+    def expected(b, e, g):
+        ratio = b / BASE_LRS[0]  # lr_max and stop_lr are the first group's; the others keep their ratio
+        top, end = lr_max * ratio, stop * ratio
+        if g <= peak_at:
+            return cos_anneal(top / div, top, g / peak_at)
+        return cos_anneal(top, end, (g - peak_at) / (total - 1 - peak_at))
+
+    check(rows, expected)
+    assert rows[-1][2][0] == pytest.approx(stop)
+    peaks = [lr_max * b / BASE_LRS[0] for b in BASE_LRS]
+    torch_lrs = torch_schedule(
+        lambda o: torch.optim.lr_scheduler.OneCycleLR(
+            o, max_lr=peaks, total_steps=total, pct_start=pct, div_factor=div,
+            final_div_factor=(lr_max / div) / stop, anneal_strategy="cos", cycle_momentum=False,
+        ),
+        total,
+    )
+    for (_, g, got), want in zip(rows, torch_lrs):
+        assert got == pytest.approx(want, rel=1e-9, abs=1e-12), g
+
+
+# -- cyclic and noam ---------------------------------------------------------------------------
+def test_cyclic_two_cycles_follow_formula():
+    up = CyclicLrUpdater(target_ratio=(5, 0.01), cyclic_times=2, step_ratio_up=0.4)
+    cycle, rise = 3 * STEPS_PER_EPOCH // 2, int(0.4 * (3 * STEPS_PER_EPOCH // 2))
+
+    def expected(b, e, g):
+        n = g % cycle
+        if n < rise:
+            return cos_anneal(b, 5 * b, n / rise)
+        return cos_anneal(5 * b, 0.01 * b, (n - rise) / (cycle - rise))
+
+    rows = train(up)
+    check(rows, expected)
+    assert rows[0][2] == pytest.approx(list(BASE_LRS)) and rows[cycle][2] == pytest.approx(list(BASE_LRS))
+
+
+def test_noam_follows_formula():
+    rows = train(NoamLrUpdater(d_model=64, warmup_step=5))
+    check(rows, lambda b, e, g: b * 64 ** -0.5 * min((g + 1) ** -0.5, (g + 1) * 5 ** -1.5))
+
+
+# -- resume and state --------------------------------------------------------------------------
+def test_resumed_run_gets_the_same_lrs_from_the_saved_base_lrs():
+    straight = train(CosLrUpdater(stop_lr=0.0, warmup_len=2), num_epochs=3)
+    first = CosLrUpdater(stop_lr=0.0, warmup_len=2)
+    train(first, num_epochs=3)
+    resumed = CosLrUpdater(stop_lr=0.0, warmup_len=2)
+    resumed.load_state_dict(first.state_dict())
+    assert resumed.state_dict() == {"base_lrs": list(BASE_LRS)}
+    # the new optimizer starts from other lrs, as one restored mid-schedule would
+    rows = train(resumed, num_epochs=3, lrs=(0.7, 0.3), start_epoch=1)
+    assert [r[:2] for r in rows] == [r[:2] for r in straight[STEPS_PER_EPOCH:]]
+    for (_, g, got), (_, _, want) in zip(rows, straight[STEPS_PER_EPOCH:]):
+        assert got == pytest.approx(want, rel=1e-12), g
+
+
+def test_restored_base_lrs_must_match_the_param_groups():
+    up = PolyLrUpdater(max_update=3)
+    up.load_state_dict({"base_lrs": [0.1, 0.2, 0.3]})
+    with pytest.raises(ValueError, match="3 base lr"):
+        train(up)
+
+
+@pytest.mark.parametrize(
+    "build, message",
+    [
+        (lambda: PolyLrUpdater(max_update=0), "max_update"),
+        (lambda: PolyLrUpdater(max_update=3, update_by="iter"), "update_by"),
+        (lambda: CosLrUpdater(warmup_mode="exp"), "warmup_mode"),
+        (lambda: CosLrUpdater(warmup_lr_ratio=1.5), "warmup_lr_ratio"),
+        (lambda: CosLrUpdater(warmup_len=-1), "warmup_len"),
+        (lambda: StepDecayLrUpdater(lr_decay_id=[3, 1]), "lr_decay_id"),
+        (lambda: OneCycleUpdater(pct_start=1.0), "pct_start"),
+        (lambda: CyclicLrUpdater(target_ratio=(10,)), "target_ratio"),
+        (lambda: NoamLrUpdater(warmup_step=0), "warmup_step"),
+    ],
+)
+def test_bad_arguments_are_refused_at_build_time(build, message):
+    with pytest.raises(ValueError, match=message):
+        build()
+
+
+def test_epoch_schedule_needs_a_loader_length():
+    class Stream:
+        def __iter__(self):
+            return iter(make_data())
+
+    with pytest.raises(ValueError, match="CosineAnnealingLrUpdater needs the run's number of epochs"):
+        train(CosineAnnealingLrUpdater(), data=Stream(), num_steps=4)
