@@ -1,5 +1,44 @@
-"""HAT callbacks: handlers on the engine's HAT events."""
+"""HAT callbacks: handlers on the engine's HAT events.
+
+Importing this package imports no optional dependency (torchmetrics, tensorboardX): each callback
+imports what it needs when it is built.
+"""
 
 from hat_ignite.callbacks.base import CallbackMixin
+from hat_ignite.callbacks.checkpoint import Checkpoint, list_checkpoints
+from hat_ignite.callbacks.checkpoint_state import LoadCheckpoint, load_model_weights, restore_training_state, resume_from
+from hat_ignite.callbacks.lr_updater import (
+    CosineAnnealingLrUpdater,
+    CosLrUpdater,
+    CyclicLrUpdater,
+    NoamLrUpdater,
+    OneCycleUpdater,
+    PolyLrUpdater,
+    StepDecayLrUpdater,
+)
+from hat_ignite.callbacks.lr_updater_base import LrUpdaterBase
+from hat_ignite.callbacks.metric_updater import MetricUpdater
+from hat_ignite.callbacks.stats_monitor import StatsMonitor
+from hat_ignite.callbacks.validation import MeanTeacherValidation, Validation
 
-__all__ = ["CallbackMixin"]
+__all__ = [
+    "CallbackMixin",
+    "Checkpoint",
+    "list_checkpoints",
+    "LoadCheckpoint",
+    "load_model_weights",
+    "restore_training_state",
+    "resume_from",
+    "LrUpdaterBase",
+    "CosLrUpdater",
+    "CosineAnnealingLrUpdater",
+    "CyclicLrUpdater",
+    "NoamLrUpdater",
+    "OneCycleUpdater",
+    "PolyLrUpdater",
+    "StepDecayLrUpdater",
+    "MetricUpdater",
+    "StatsMonitor",
+    "Validation",
+    "MeanTeacherValidation",
+]

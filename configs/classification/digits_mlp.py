@@ -1,0 +1,110 @@
+"""Float training of a small MLP on scikit-learn's 8x8 handwritten digits (real data, no download).
+
+Train:    python bin/hat-train configs/classification/digits_mlp.py
+Predict:  python bin/hat-predict configs/classification/digits_mlp.py
+Override: python bin/hat-train configs/classification/digits_mlp.py --opts float_trainer.num_epochs=5
+
+Reaches more than 95 % validation accuracy in a few seconds on a CPU. The work dir receives the log,
+the resolved config, the checkpoints (best by validation accuracy, and last) and metrics.json.
+"""
+
+import os
+
+task_name = "digits_mlp"
+seed = 0
+work_dir = os.path.join(".", "work_dirs", task_name)
+ckpt_dir = os.path.join(work_dir, "checkpoints")
+device = None  # CPU; an int is a CUDA device id
+num_epochs = 20
+batch_size = 64
+
+model = dict(type="MLPClassifier", in_features=64, hidden_features=128, num_classes=10)
+
+train_dataset = dict(type="DigitsDataset", split="train", val_ratio=0.2, seed=0)
+val_dataset = dict(type="DigitsDataset", split="val", val_ratio=0.2, seed=0)
+data_loader = dict(
+    type="torch.utils.data.DataLoader", dataset=train_dataset, batch_size=batch_size, shuffle=True,
+)
+val_data_loader = dict(type="torch.utils.data.DataLoader", dataset=val_dataset, batch_size=256, shuffle=False)
+
+
+# The model returns ({"cls_loss": loss}, logits) in training and logits in eval mode.
+def update_train_metrics(metrics, batch, model_outs):
+    losses, logits = model_outs
+    loss_show, accuracy = metrics
+    loss_show.update(losses)
+    accuracy.update(batch["labels"], logits)
+
+
+def update_val_metrics(metrics, batch, model_outs):
+    for metric in metrics:
+        metric.update(batch["labels"], model_outs)
+
+
+# The training metrics are stored under their own key so that "accuracy" in storage["monitor_obj"]
+# (which Validation fills and Checkpoint monitors) is always the validation accuracy.
+train_metric_updater = dict(
+    type="MetricUpdater", metric_update_func=update_train_metrics, step_log_freq=0, epoch_log_freq=5,
+    log_prefix="Train ", storage_key="train_monitor_obj",
+)
+val_metric_updater = dict(
+    type="MetricUpdater", metric_update_func=update_val_metrics, step_log_freq=0, epoch_log_freq=1,
+    log_prefix="Validation ",
+)
+val_metrics = [dict(type="Accuracy")]
+val_callback = dict(
+    type="Validation",
+    data_loader=val_data_loader,
+    batch_processor=dict(type="BasicBatchProcessor", need_grad_update=False),
+    callbacks=[val_metric_updater],
+    val_interval=1,
+    log_interval=0,
+)
+
+stat_callback = dict(type="StatsMonitor", log_freq=0)
+# Warm up linearly over the first epoch, then decay the lr by 10x at epochs 12 and 17. The lr is
+# logged at each epoch begin, and every step_log_interval steps while it changes per step.
+lr_callback = dict(
+    type="StepDecayLrUpdater", warmup_by="epoch", warmup_len=1, lr_decay_id=[12, 17], lr_decay_factor=0.1,
+    step_log_interval=100,
+)
+ckpt_callback = dict(
+    type="Checkpoint",
+    save_dir=ckpt_dir,
+    name_prefix="float-",
+    save_interval=1,
+    interval_by="epoch",
+    mode="max",
+    monitor_metric_key="accuracy",
+    keep_n=1,
+)
+
+float_trainer = dict(
+    type="Trainer",
+    model=model,
+    data_loader=data_loader,
+    # params: parameters whose name matches a regex get that group's options (no decay on biases)
+    optimizer=dict(
+        type="torch.optim.SGD", lr=0.1, momentum=0.9, weight_decay=1e-4, params={r"\.bias$": dict(weight_decay=0.0)},
+    ),
+    batch_processor=dict(
+        type="BasicBatchProcessor", need_grad_update=True,
+        loss_collector=dict(type="collect_loss_by_index", indexes=0),
+    ),
+    device=device,
+    num_epochs=num_epochs,
+    callbacks=[stat_callback, lr_callback, train_metric_updater, val_callback, ckpt_callback],
+    train_metrics=[dict(type="LossShow"), dict(type="Accuracy")],
+    val_metrics=val_metrics,
+)
+
+float_checkpoint = os.path.join(ckpt_dir, "float-checkpoint-best.pth.tar")
+float_predictor = dict(
+    type="Predictor",
+    model=model,
+    data_loader=val_data_loader,
+    batch_processor=dict(type="BasicBatchProcessor", need_grad_update=False),
+    device=device,
+    metrics=[dict(type="Accuracy")],
+    callbacks=[dict(val_metric_updater, log_prefix="Predict ")],
+)

@@ -1,0 +1,114 @@
+"""``hat-predict CONFIG [--stage float] [--ckpt PATH] [--opts KEY=VALUE ...] [--work-dir DIR]``.
+
+Builds the stage's ``{stage}_predictor``, loads the trained weights into its model, runs it and
+writes the metrics to ``metrics.json`` in the work dir under the key ``{stage}_predict`` (next
+to the ``{stage}_train`` entry ``hat-train`` wrote). The weights come from ``--ckpt``, else from
+the config's ``{stage}_checkpoint`` key; with neither, the model runs with the weights the config
+builds (a warning says so). Checkpoints are loaded with
+:class:`hat_ignite.callbacks.checkpoint_state.LoadCheckpoint`: weights-only, hash-verified, and
+the weights must fit the model exactly.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from typing import Any, Sequence
+
+from hat_ignite.cli.common import (
+    CliError,
+    WorkDir,
+    attach_log_file,
+    build_stage,
+    describe_engine,
+    load_config,
+    make_parser,
+    run_main,
+    seed_everything,
+    setup_logging,
+    write_metrics,
+)
+
+__all__ = ["main"]
+
+logger = logging.getLogger("hat_ignite.cli.predict")
+
+DESCRIPTION = """Run one stage's predictor of a hat-ignite config on trained weights.
+
+Builds the config's {stage}_predictor (e.g. float_predictor), loads --ckpt (or the config's
+{stage}_checkpoint) into its model, runs it, and writes the metrics to metrics.json in the work dir."""
+
+
+def _predict(argv: Sequence[str]) -> int:
+    parser = make_parser("hat-predict", DESCRIPTION, argv)
+    parser.add_argument("--ckpt", help="checkpoint to load (default: the config's {stage}_checkpoint)")
+    parser.add_argument("--dry-run", action="store_true", help="build everything, describe the predictor, and exit")
+    args = parser.parse_args(argv)
+    setup_logging(args.debug)
+    cfg, work_path = load_config(args.config, args.opts, args.work_dir)
+    stage_key = cfg.stage_key(args.stage, "predictor")
+    ckpt = args.ckpt if args.ckpt is not None else cfg.get(f"{args.stage}_checkpoint")
+    if ckpt is not None and (not isinstance(ckpt, str) or not os.path.isfile(ckpt)):
+        source = "--ckpt" if args.ckpt is not None else f"{cfg.filename}: {args.stage}_checkpoint"
+        raise CliError(
+            f"{source}: checkpoint {ckpt!r} is not a file. Train the stage first (hat-train "
+            f"{args.config} --stage {args.stage}) or pass the path of a checkpoint with --ckpt."
+        )
+    work_dir = WorkDir(work_path)
+    seed_everything(cfg)
+    try:
+        predictor = build_stage(cfg, stage_key)
+        if ckpt is not None:
+            from hat_ignite.callbacks.checkpoint_state import LoadCheckpoint
+
+            LoadCheckpoint(ckpt)(predictor.model)
+        else:
+            logger.warning(
+                "no checkpoint (no --ckpt, no %s_checkpoint in the config): predicting with the "
+                "weights the config builds", args.stage,
+            )
+    except BaseException:
+        work_dir.discard()
+        raise
+    if args.dry_run:
+        work_dir.discard()
+        print(describe_engine(predictor, stage_key))
+        print(f"checkpoint: {ckpt}\nwork dir: {work_path} (a dry run creates nothing)")
+        return 0
+
+    work_dir.create()
+    attach_log_file(work_dir.file(f"{args.stage}_predict.log"))
+    cfg.dump(work_dir.file(f"{args.stage}_predict_config.py"))
+    start = time.perf_counter()
+    try:
+        predictor.fit()
+    except Exception as exc:
+        raise CliError(f"predicting with {stage_key} failed: {type(exc).__name__}: {exc}") from exc
+    from hat_ignite.metrics.base import metric_name_values
+
+    record = {
+        "stage": args.stage,
+        "config": cfg.filename,
+        "checkpoint": os.path.abspath(ckpt) if ckpt else None,
+        "steps": predictor.state.iteration,
+        "seconds": round(time.perf_counter() - start, 3),
+        "metrics": dict(metric_name_values(predictor.metrics)),
+    }
+    write_metrics(work_dir.file("metrics.json"), f"{args.stage}_predict", record)
+    logger.info("metrics %s -> %s", record["metrics"], work_dir.file("metrics.json"))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``hat-predict``; returns the process exit code.
+
+    Args:
+        argv: the arguments after the program name (default: ``sys.argv[1:]``).
+    """
+    return run_main("hat-predict", _predict, argv)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

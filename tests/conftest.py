@@ -1,0 +1,34 @@
+"""Shared fixtures: the repository root, small config files, and running the command-line tools."""
+
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import sys
+import textwrap
+from typing import Callable
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+DIGITS_CONFIG = ROOT / "configs" / "classification" / "digits_mlp.py"
+
+
+@pytest.fixture
+def write_config(tmp_path: pathlib.Path) -> Callable[..., pathlib.Path]:
+    """``write_config(source, name="cfg.py")`` writes a dedented config file and returns its path."""
+
+    def write(source: str, name: str = "cfg.py") -> pathlib.Path:
+        path = tmp_path / name
+        path.write_text(textwrap.dedent(source))
+        return path
+
+    return write
+
+
+def run_tool(tool: str, *args: str, cwd: pathlib.Path | str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run ``bin/<tool> args...`` with this Python in a real subprocess."""
+    return subprocess.run(
+        [sys.executable, str(ROOT / "bin" / tool), *map(str, args)],
+        cwd=cwd, capture_output=True, text=True, timeout=timeout,
+    )
