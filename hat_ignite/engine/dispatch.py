@@ -10,18 +10,22 @@ never passes is an error, and a method without ``**kwargs`` receives only the na
 from __future__ import annotations
 
 import inspect
+import weakref
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from ignite.engine.events import RemovableEventHandle
 
-from hat_ignite.engine.events import HOOK_EVENTS
-from hat_ignite.engine.state import accepted_kwargs
+from hat_ignite.engine.events import EVENT_HOOKS, HOOK_EVENTS
+from hat_ignite.engine.state import accepted_kwargs, kwargs_builder
 from hat_ignite.errors import CallbackSignatureError
 
 if TYPE_CHECKING:  # pragma: no cover
     from hat_ignite.engine.loop import LoopBase
 
-__all__ = ["HookCall", "attach_hooks", "check_hook_signature"]
+__all__ = ["HookCall", "attach_hooks", "check_hook_signature", "fire_hat_event"]
+
+
+_FULL_BUILDERS = {hook: kwargs_builder(hook) for hook in HOOK_EVENTS}
 
 
 def check_hook_signature(owner: Any, hook: str, method: Callable) -> frozenset[str] | None:
@@ -72,26 +76,65 @@ class HookCall:
     """The Ignite handler that calls one HAT hook with its keywords.
 
     Holds the bound method (never the engine: Ignite passes the engine at each call), so
-    attaching a callback creates no reference cycle.
+    attaching a callback creates no reference cycle. A hook taking ``**kwargs`` gets the
+    firing's shared keyword dict (built once per firing, by the first such hook); a hook naming
+    its keywords gets a dict of just those, from a builder made once, at attach time.
     """
 
     def __init__(self, hook: str, method: Callable, only: frozenset[str] | None) -> None:
         self.hook = hook
         self.method = method
         self.only = only
+        self.build = None if only is None else kwargs_builder(hook, tuple(sorted(only)))
         owner = getattr(method, "__self__", None)
         self.__name__ = hook
         self.__qualname__ = f"{type(owner).__name__}.{hook}" if owner is not None else hook
 
     def __call__(self, engine: LoopBase) -> None:
-        kwargs = engine.hook_kwargs(self.hook)
-        if self.only is None:
-            self.method(**kwargs)
+        if self.build is None:
+            self.method(**engine.hook_kwargs(self.hook))
         else:
-            self.method(**{k: kwargs[k] for k in self.only})
+            self.method(**self.build(engine))
 
     def __repr__(self) -> str:
         return f"<HookCall {self.__qualname__}>"
+
+
+def fire_hat_event(engine: LoopBase, event: Any) -> None:
+    """Call the handlers of a HAT event, in registration order; return at once if none.
+
+    The handlers are read from the engine's registry, so Ignite's ``add_event_handler``,
+    ``remove_event_handler``, event filters and profilers that wrap handlers all keep working.
+    A HAT hook is called directly; any other handler as Ignite calls it (with the engine first
+    when it was registered taking one). Unlike ``Engine.fire_event`` this skips Ignite's check
+    of the event against the registered list (a HAT event always is registered) and its
+    per-call debug message, which together cost more than a trivial handler.
+    """
+    handlers = engine._event_handlers.get(event)
+    if not handlers:
+        return
+    engine.last_event_name = event
+    hook = EVENT_HOOKS[event]
+    outer = engine._kwargs_cache
+    engine._kwargs_cache = cache = {}  # this firing's keywords, shared by its **kwargs hooks
+    shared = None
+    try:
+        for func, args, kwargs in handlers:
+            if func.__class__ is HookCall:  # inlined HookCall.__call__
+                if func.build is None:
+                    if shared is None:
+                        shared = cache.get(hook)
+                        if shared is None:
+                            shared = cache[hook] = _FULL_BUILDERS[hook](engine)
+                    func.method(**shared)
+                else:
+                    func.method(**func.build(engine))
+            elif args and args[0].__class__ is weakref.ref:
+                func(engine, *args[1:], **kwargs)
+            else:
+                func(*args, **kwargs)
+    finally:
+        engine._kwargs_cache = outer
 
 
 def attach_hooks(engine: LoopBase, owner: Any, methods: Mapping[str, Callable]) -> list[RemovableEventHandle]:

@@ -17,14 +17,15 @@ True
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import functools
+from typing import TYPE_CHECKING, Any, Callable
 
 from ignite.engine import State
 
 if TYPE_CHECKING:  # pragma: no cover
     from hat_ignite.engine.loop import LoopBase
 
-__all__ = ["HatState", "HOOK_KWARGS", "COMMON_KWARGS", "hook_kwargs", "accepted_kwargs"]
+__all__ = ["HatState", "HOOK_KWARGS", "COMMON_KWARGS", "hook_kwargs", "kwargs_builder", "accepted_kwargs"]
 
 _IDS = ("epoch_id", "step_id", "global_step_id")
 
@@ -87,6 +88,73 @@ class HatState(State):
         super().__init__(**kwargs)
 
 
+#: Where each keyword's value comes from, as an expression over ``loop`` and ``state``
+#: (``loop.state``). Step-level and sub-batch hooks differ in a few entries (below).
+_SOURCES: dict[str, str] = {
+    "loop": "loop",
+    "storage": "state.storage",
+    "train_metrics": "loop.train_metrics",
+    "val_metrics": "loop.val_metrics",
+    "profiler": "loop.profiler",
+    "model": "loop.model",
+    "ema_model": "loop.ema_model",
+    "optimizer": "loop.optimizer",
+    "data_loader": "loop.data_loader",
+    "num_epochs": "loop.num_epochs",
+    "num_steps": "loop.num_steps",
+    "start_epoch": "loop.start_epoch",
+    "start_step": "loop.start_step",
+    "device": "loop.device",
+    "callbacks": "loop.callbacks",
+    "grad_scaler": "getattr(loop.batch_processor, 'grad_scaler', None)",
+    "epoch_id": "max(state.epoch - 1, 0)",
+    "step_id": "state.step_id",
+    "global_step_id": "state.iteration",  # outside a step: the id of the next step
+    "batch_idx": "state.batch_idx",
+    "batch": "state.batch",
+    "model_outs": "state.output",
+}
+_IN_STEP_SOURCES = {"global_step_id": "state.iteration - 1"}
+_SUB_BATCH_SOURCES = {**_IN_STEP_SOURCES, "batch": "state.sub_batch", "losses": "state.losses",
+                      "model_outs": "state.sub_model_outs"}
+
+
+@functools.lru_cache(maxsize=None)
+def kwargs_builder(hook: str, names: tuple[str, ...] | None = None) -> Callable[[LoopBase], dict[str, Any]]:
+    """A function ``loop -> dict`` that builds ``hook``'s keywords (or only ``names`` of them).
+
+    The function is generated once per ``(hook, names)`` from :data:`HOOK_KWARGS` as a single
+    dict display, so a firing reads each value once and builds no keyword it does not pass.
+
+    Args:
+        hook: a HAT hook name such as ``"on_step_end"``.
+        names: the keywords to build, a subset of :func:`accepted_kwargs`; ``None`` for all.
+
+    >>> kwargs_builder("on_epoch_begin", ("epoch_id",)).__doc__
+    "{'epoch_id': max(state.epoch - 1, 0)}"
+    """
+    if hook not in HOOK_KWARGS:
+        raise ValueError(f"{hook!r} is not a HAT hook; the hooks are {', '.join(HOOK_KWARGS)}.")
+    allowed = (*HOOK_KWARGS[hook], *COMMON_KWARGS)
+    if names is None:
+        names = allowed
+    unknown = [n for n in names if n not in allowed]
+    if unknown:
+        raise ValueError(f"{hook} does not pass {', '.join(map(repr, unknown))}; it passes {', '.join(allowed)}.")
+    sources = dict(_SOURCES)
+    if hook in _SUB_BATCH_HOOKS:
+        sources.update(_SUB_BATCH_SOURCES)
+    elif hook in _STEP_HOOKS:
+        sources.update(_IN_STEP_SOURCES)
+    display = "{" + ", ".join(f"{n!r}: {sources[n]}" for n in names) + "}"
+    namespace: dict[str, Any] = {}
+    exec(f"def build(loop):\n    state = loop.state\n    return {display}\n", {}, namespace)  # noqa: S102
+    build = namespace["build"]
+    build.__name__ = build.__qualname__ = f"build_{hook}_kwargs"
+    build.__doc__ = display
+    return build
+
+
 def hook_kwargs(hook: str, loop: LoopBase) -> dict[str, Any]:
     """Build the keyword arguments HAT passes to ``hook``, read from ``loop`` and its state.
 
@@ -97,38 +165,7 @@ def hook_kwargs(hook: str, loop: LoopBase) -> dict[str, Any]:
     Returns:
         A new dict with exactly the names of ``HOOK_KWARGS[hook]`` plus :data:`COMMON_KWARGS`.
     """
-    state = loop.state
-    in_step = hook in _STEP_HOOKS
-    values: dict[str, Any] = {
-        "loop": loop,
-        "storage": state.storage,
-        "train_metrics": loop.train_metrics,
-        "val_metrics": loop.val_metrics,
-        "profiler": loop.profiler,
-        "model": loop.model,
-        "ema_model": loop.ema_model,
-        "optimizer": loop.optimizer,
-        "data_loader": loop.data_loader,
-        "num_epochs": loop.num_epochs,
-        "num_steps": loop.num_steps,
-        "start_epoch": loop.start_epoch,
-        "start_step": loop.start_step,
-        "device": loop.device,
-        "callbacks": loop.callbacks,
-        "grad_scaler": getattr(loop.batch_processor, "grad_scaler", None),
-        "epoch_id": max(state.epoch - 1, 0),
-        "step_id": state.step_id,
-        "global_step_id": state.iteration - 1 if in_step else state.iteration,
-        "batch_idx": state.batch_idx,
-    }
-    if hook in _SUB_BATCH_HOOKS:
-        values["batch"] = state.sub_batch
-        values["losses"] = state.losses
-        values["model_outs"] = state.sub_model_outs
-    else:
-        values["batch"] = state.batch
-        values["model_outs"] = state.output
-    return {name: values[name] for name in (*HOOK_KWARGS[hook], *COMMON_KWARGS)}
+    return kwargs_builder(hook)(loop)
 
 
 def accepted_kwargs(hook: str) -> frozenset[str]:

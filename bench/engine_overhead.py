@@ -1,0 +1,178 @@
+"""What the engine costs per step, against a hand-written loop, a bare Ignite Engine and Lightning.
+
+Run from the repository root::
+
+    .venv/bin/python bench/engine_overhead.py            # the full table (a few minutes)
+    .venv/bin/python bench/engine_overhead.py --quick    # a smoke run (seconds; numbers meaningless)
+
+This machine's speed swings by 1.5-2x within seconds, so no figure is taken alone: every round
+runs each variant once, interleaved (a b c c10 d e a b c ...), and each variant is reported as
+the median over rounds of its difference to the (a) and (b) run *of the same round*, with the
+range (min..max) of those differences. All runs use one intra-op thread, the same model, the
+same batches and one epoch; the per-step figure is the steady state inside the epoch (see
+``bench/workloads.py``). Then: the start-up time of ``hat-train --help`` and of imports, and the
+peak resident memory of each variant in a fresh process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+
+from workloads import VARIANTS, WORKLOADS, TimedBatches, lightning_available, make_batches  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEPS = {"noop": 400, "mlp": 200, "cnn": 40}
+
+
+def variants_for(workload: str) -> list[str]:
+    keys = [k for k in VARIANTS if not (k == "d" and workload == "noop")]
+    return [k for k in keys if k != "e" or lightning_available()]
+
+
+def measure(workload: str, rounds: int, steps: int, warm: bool = True) -> dict[str, list[float]]:
+    """µs/step of each variant, one list entry per round, runs interleaved round by round."""
+    batches = make_batches(workload)
+    keys = variants_for(workload)
+    out: dict[str, list[float]] = {k: [] for k in keys}
+    for k in keys if warm else ():  # one untimed run each: imports, allocator and caches warm
+        VARIANTS[k][1](workload, TimedBatches(batches, min(steps, 20)))
+    for _ in range(rounds):
+        for k in keys:
+            data = TimedBatches(batches, steps)
+            VARIANTS[k][1](workload, data)
+            out[k].append(data.per_step_us())
+    return out
+
+
+def _paired(xs: list[float], base: list[float]) -> str:
+    diffs = sorted(x - b for x, b in zip(xs, base))
+    return f"{statistics.median(diffs):+8.1f} [{diffs[0]:+.1f}..{diffs[-1]:+.1f}]"
+
+
+def print_step_table(workload: str, res: dict[str, list[float]], steps: int) -> None:
+    print(f"\n### workload `{workload}` ({len(res['a'])} rounds, {steps} steps per run)\n")
+    print("| variant | median µs/step | minus (a), median [min..max] | minus (b), median [min..max] |")
+    print("|---|---:|---:|---:|")
+    for k, xs in res.items():
+        label = VARIANTS[k][0]
+        print(f"| {label} | {statistics.median(xs):.1f} | {_paired(xs, res['a'])} | {_paired(xs, res['b'])} |")
+
+
+# -- start-up time ------------------------------------------------------------------------------
+def _wall(cmd: list[str]) -> float:
+    t = time.perf_counter()
+    subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120)
+    return time.perf_counter() - t
+
+
+def startup(repeats: int, quick: bool) -> None:
+    py = sys.executable
+    hat_train = os.path.join(os.path.dirname(py), "hat-train")
+    train_cmd = [hat_train, "--help"] if os.path.exists(hat_train) else [py, "-m", "hat_ignite.cli.train", "--help"]
+    cmds = {
+        "python -c 'import torch'": [py, "-c", "import torch"],
+        "python -c 'import ignite.engine'": [py, "-c", "import ignite.engine"],
+        "python -c 'import hat_ignite'": [py, "-c", "import hat_ignite"],
+        "python -c 'import hat_ignite.engine, hat_ignite.callbacks'": [py, "-c", "import hat_ignite.engine, hat_ignite.callbacks"],
+        "hat-train --help": train_cmd,
+    }
+    if quick:  # the three that the targets compare
+        cmds = {k: v for k, v in cmds.items() if "torch" not in k and "callbacks" not in k}
+    times: dict[str, list[float]] = {k: [] for k in cmds}
+    for _ in range(repeats):  # interleaved too
+        for k, cmd in cmds.items():
+            times[k].append(_wall(cmd))
+    base = times["python -c 'import ignite.engine'"]
+    print(f"\n### start-up ({repeats} runs each, interleaved)\n")
+    print("| command | median s | minus `import ignite.engine`, median [min..max] |")
+    print("|---|---:|---:|")
+    for k, ts in times.items():
+        diffs = sorted(t - b for t, b in zip(ts, base))
+        print(f"| `{k}` | {statistics.median(ts):.3f} | {statistics.median(diffs):+.3f} [{diffs[0]:+.3f}..{diffs[-1]:+.3f}] |")
+
+
+# -- peak memory ----------------------------------------------------------------------------------
+def _peak_rss_mib() -> float:
+    # VmHWM starts afresh at exec; ru_maxrss would carry the forking parent's peak over.
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def rss_child(workload: str, key: str, steps: int) -> None:
+    """Run one variant in this (fresh) process and print its peak RSS in MiB."""
+    torch.set_num_threads(1)
+    VARIANTS[key][1](workload, TimedBatches(make_batches(workload), steps))
+    print(f"{_peak_rss_mib():.1f}")
+
+
+def peak_rss(workload: str, steps: int, keys: list[str]) -> None:
+    print(f"\n### peak RSS, workload `{workload}` (one fresh process per variant)\n")
+    print("| variant | peak RSS MiB | minus (b) MiB |")
+    print("|---|---:|---:|")
+    got = {}
+    for k in keys:
+        out = subprocess.run(
+            [sys.executable, os.path.abspath(__file__), "--rss-child", workload, k, "--steps", str(steps)],
+            cwd=ROOT, check=True, capture_output=True, text=True, timeout=300,
+        )
+        got[k] = float(out.stdout.strip().splitlines()[-1])
+    for k, mib in got.items():
+        print(f"| {VARIANTS[k][0]} | {mib:.1f} | {mib - got['b']:+.1f} |")
+
+
+def versions() -> str:
+    import ignite
+
+    parts = [f"python {platform.python_version()}", f"torch {torch.__version__}", f"pytorch-ignite {ignite.__version__}"]
+    if lightning_available():
+        import pytorch_lightning
+
+        parts.append(f"pytorch-lightning {pytorch_lightning.__version__}")
+    return ", ".join(parts)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 1 round of short runs, no warm-up, fewer start-up and memory rows")
+    parser.add_argument("--rounds", type=int, default=None, help="rounds per workload (default 25)")
+    parser.add_argument("--steps", type=int, default=None, help="steps per run (default per workload)")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated: noop,mlp,cnn")
+    parser.add_argument("--rss-child", nargs=2, metavar=("WORKLOAD", "VARIANT"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    if args.rss_child:
+        rss_child(*args.rss_child, steps=args.steps or 50)
+        return
+    rounds = args.rounds or (1 if args.quick else 25)
+    print(f"# engine overhead — {datetime.datetime.now().isoformat(timespec='minutes')}")
+    print(f"\n{versions()}; {platform.machine()}, {os.cpu_count()} CPUs, torch threads = {torch.get_num_threads()}")
+    if not lightning_available():
+        print("(e) skipped: pytorch-lightning is not installed (pip install -e '.[bench]').")
+    for workload in args.workloads.split(","):
+        steps = args.steps or (12 if args.quick else STEPS[workload])
+        print_step_table(workload, measure(workload, rounds, steps, warm=not args.quick), steps)
+    startup(1 if args.quick else 7, args.quick)
+    # the quick run measures the pair the memory target compares; the full run every variant
+    peak_rss("mlp", 20 if args.quick else 200, ["b", "c"] if args.quick else variants_for("mlp"))
+
+
+if __name__ == "__main__":
+    main()

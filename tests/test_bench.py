@@ -1,0 +1,36 @@
+"""The overhead benchmark runs end to end (``--quick``) and prints every table row; no timing is checked."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+
+from conftest import ROOT
+
+
+def test_quick_benchmark_prints_every_variant_row():
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "engine_overhead.py"), "--quick"],
+        cwd=ROOT, capture_output=True, text=True, timeout=400,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    rows = ["(a) hand-written loop", "(b) bare Ignite Engine", "(c) Trainer, no callbacks",
+            "(c10) Trainer + 10 trivial callbacks"]
+    if importlib.util.find_spec("pytorch_lightning") is not None:
+        rows.append("(e) PyTorch Lightning")
+    else:
+        assert "(e) skipped" in out
+    tables = out.split("### ")
+    for workload in ("noop", "mlp", "cnn"):
+        table = next(t for t in tables if t.startswith(f"workload `{workload}`"))
+        expected = rows + ([] if workload == "noop" else ["(d) Trainer + digits callbacks"])
+        for row in expected:
+            line = next((ln for ln in table.splitlines() if ln.startswith(f"| {row} |")), None)
+            assert line is not None, (workload, row)
+            assert line.count("|") == 5 and "[" in line, line  # median, and paired median [min..max]
+    for command in ("`python -c 'import ignite.engine'`", "`python -c 'import hat_ignite'`", "`hat-train --help`"):
+        assert f"| {command} |" in out
+    rss = next(t for t in tables if t.startswith("peak RSS"))
+    assert "| (b) bare Ignite Engine |" in rss and "| (c) Trainer, no callbacks |" in rss
