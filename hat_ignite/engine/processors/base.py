@@ -4,8 +4,13 @@ The order of one training batch, top to bottom in :meth:`BatchProcessorMixin._ru
 
     BATCH_BEGIN -> device move -> batch transforms -> channels_last -> autocast forward
     -> inverse transforms -> collect losses -> finite check -> loss / accumulation group size
-    -> (scaled) backward, under no_sync when this backward does not end a sync group
+    -> (scaled) backward; forward and backward run under no_sync when this backward does not
+       end a sync group (DDP decides in the forward whether the backward all-reduces)
     -> BACKWARD_END -> [optimizer step, when the processor steps per batch] -> BATCH_END
+
+The optimizer step (:meth:`BatchProcessorMixin._optimizer_step`), once per update::
+
+    finite-gradient check -> [GradScaler.unscale_ + clip by value / norm] -> (scaler) step
 """
 
 from __future__ import annotations
@@ -19,7 +24,9 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import torch
 
 from hat_ignite.engine.events import HatEvents
-from hat_ignite.errors import NonFiniteLossError
+from hat_ignite.engine.processors.batch_check import MODEL_ERRORS, batch_failure, batch_spec, passes_through
+from hat_ignite.engine.processors.grad_clip import build_grad_clipper
+from hat_ignite.engine.processors.nonfinite import NonFiniteGuard, in_distributed_run
 
 if TYPE_CHECKING:  # pragma: no cover
     from hat_ignite.engine.loop import LoopBase
@@ -112,6 +119,10 @@ def _compose(transforms: Any) -> Callable | None:
 
 
 def _total_loss(losses: Any) -> torch.Tensor | None:
+    if losses.__class__ is list and len(losses) == 1:  # the common case: one loss, used as is
+        t = losses[0]
+        if isinstance(t, torch.Tensor):
+            return t.sum() if t.dim() else t
     if isinstance(losses, torch.Tensor):
         return losses.sum() if losses.dim() else losses
     items = losses.values() if isinstance(losses, Mapping) else losses or ()
@@ -122,25 +133,6 @@ def _total_loss(losses: Any) -> torch.Tensor | None:
         t = t.sum() if t.dim() else t
         total = t if total is None else total + t
     return total
-
-
-def _describe_losses(losses: Any, model_outs: Any) -> str:
-    parts = []
-    if isinstance(losses, Mapping):
-        parts = [f"{k}={float(v.detach().float().sum())}" for k, v in losses.items() if v is not None]
-    elif isinstance(losses, torch.Tensor):
-        parts = [f"loss={float(losses.detach().float().sum())}"]
-    elif losses:
-        parts = [f"losses[{i}]={float(v.detach().float().sum())}" for i, v in enumerate(losses) if v is not None]
-    if isinstance(model_outs, Mapping):  # name the model outputs behind the numbers
-        named = [
-            f"{k}={float(v.detach().float().sum())}"
-            for k, v in model_outs.items()
-            if isinstance(v, torch.Tensor) and v.numel() == 1 and not torch.isfinite(v).all()
-        ]
-        if named:
-            parts.append("non-finite model outputs: " + ", ".join(named))
-    return ", ".join(parts) or "no loss tensors"
 
 
 class BatchProcessorMixin(ABC):
@@ -173,6 +165,12 @@ class BatchProcessorMixin(ABC):
         grad_scaler: Any,
         grad_accumulation_step: int | str,
         check_finite_loss: bool,
+        *,
+        nonfinite_policy: str = "raise",
+        check_finite_grad: bool = True,
+        clip_grad_norm: float | None = None,
+        clip_norm_type: float | str = 2.0,
+        clip_grad_value: float | tuple[float, float] | None = None,
     ) -> None:
         name = type(self).__name__
         if enable_apex:
@@ -201,6 +199,10 @@ class BatchProcessorMixin(ABC):
         self.channels_last_keys = list(channels_last_keys) if channels_last_keys is not None else None
         self.grad_accumulation_step = grad_accumulation_step
         self.check_finite_loss = check_finite_loss
+        self.nonfinite = NonFiniteGuard(nonfinite_policy, bool(check_finite_loss and check_finite_grad))
+        # None (one attribute test per update) unless clipping is asked for; see grad_clip.py
+        self.grad_clipper = build_grad_clipper(clip_grad_norm, clip_norm_type, clip_grad_value, name)
+        self._first_batches: dict[int, tuple] = {}  # batch_idx -> (iteration, structure) of the first batch
         if grad_scaler is not None and not enable_amp and getattr(grad_scaler, "is_enabled", lambda: False)():
             enable_amp = True  # an enabled scaler means fp16 mixed precision, as in HAT
         self.enable_amp = enable_amp
@@ -215,8 +217,22 @@ class BatchProcessorMixin(ABC):
 
     def _ensure_scaler(self, engine: LoopBase) -> None:
         if self._wants_scaler:
-            self.grad_scaler = torch.amp.GradScaler(engine.torch_device.type)
+            self.ensure_grad_scaler(engine.torch_device)
+
+    def ensure_grad_scaler(self, device: torch.device | str = "cpu") -> Any:
+        """Create the GradScaler now if this processor will use one (fp16 autocast, none given).
+
+        The scaler is otherwise created at the first step; a resume calls this first so the
+        saved scaler state has somewhere to go.
+
+        Returns:
+            The processor's grad scaler, or ``None`` when it runs without one (fp32, bf16).
+        """
+        if self._wants_scaler:
+            device_type = device.type if isinstance(device, torch.device) else torch.device(device).type
+            self.grad_scaler = torch.amp.GradScaler(device_type)
             self._wants_scaler = False
+        return self.grad_scaler
 
     def _accumulation(self, engine: LoopBase) -> tuple[int, bool]:
         """(size of this step's accumulation group, whether this step ends the group).
@@ -247,6 +263,9 @@ class BatchProcessorMixin(ABC):
         state.sub_batch = batch
         state.losses = state.sub_model_outs = None
         engine.fire_event(HatEvents.BATCH_BEGIN)
+        phases = engine.phase_profiler  # None unless a profiler is attached
+        if phases is not None:
+            phases.begin("forward")
         if engine.torch_device.type != "cpu":
             batch = move_to_device(batch, engine.torch_device)
         if self.transforms is not None:
@@ -255,13 +274,27 @@ class BatchProcessorMixin(ABC):
             batch = convert_channels_last(batch, self.channels_last_keys)
         state.sub_batch = batch
         model = engine.model
-        with self._amp_context(engine), (_NULL if self.need_grad_update else torch.no_grad()):
-            model_outs = model(*_as_model_args(batch))
+        if batch_idx not in self._first_batches:  # once per sub-batch index, for error messages
+            self._first_batches[batch_idx] = (state.iteration, batch_spec(batch))
+        # DDP decides in the forward whether the backward all-reduces: a backward that does not
+        # end a sync group needs its forward inside no_sync() too.
+        forward_no_sync = None if sync or not self.need_grad_update else getattr(model, "no_sync", None)
+        try:
+            with self._amp_context(engine), (_NULL if self.need_grad_update else torch.no_grad()), (
+                forward_no_sync() if forward_no_sync is not None else _NULL
+            ):
+                model_outs = model(*_as_model_args(batch))
+        except MODEL_ERRORS as exc:
+            if passes_through(exc):
+                raise
+            raise batch_failure(engine, batch, batch_idx, self._first_batches.get(batch_idx), exc) from exc
         if self.inverse_transforms is not None:
             model_outs = self.inverse_transforms(model_outs, batch)
         losses = self.loss_collector(model_outs) if self.loss_collector is not None else None
         state.losses = losses
         state.sub_model_outs = model_outs
+        if phases is not None:
+            phases.end()
         if self.need_grad_update:
             loss = _total_loss(losses)
             if loss is None:
@@ -270,22 +303,27 @@ class BatchProcessorMixin(ABC):
                     f"outputs of step {state.iteration - 1} (got {losses!r}). Check that the model "
                     f"returns its losses in training mode and that the collector's index or regex matches."
                 )
-            if self.check_finite_loss and not math.isfinite(loss.detach().float().item()):
-                raise NonFiniteLossError(
-                    f"Non-finite loss at epoch_id={state.epoch - 1}, step_id={state.step_id}, "
-                    f"global_step_id={state.iteration - 1}, batch_idx={batch_idx}: "
-                    f"{_describe_losses(losses, model_outs)}. Training stopped before the optimizer "
-                    f"update of this step, so the parameters are those of the previous step. Lower "
-                    f"the learning rate, check the data, or pass check_finite_loss=False to the "
-                    f"batch processor to train on regardless."
-                )
+            # A CPU scalar is read for free, so check before the backward. On an accelerator the
+            # read waits for the device: check once the backward is queued, still before
+            # BACKWARD_END and the update (see docs/engine.md, "Non-finite losses").
+            total, check_after_backward = loss, self.check_finite_loss
+            if check_after_backward and loss.is_cpu:
+                if not math.isfinite(loss.item()) or in_distributed_run():
+                    self.nonfinite.check_loss(engine, total, losses, model_outs, batch_idx)
+                check_after_backward = False
             if divisor != 1:
                 loss = loss / divisor
             if self.grad_scaler is not None:
                 loss = self.grad_scaler.scale(loss)
+            if phases is not None:
+                phases.begin("backward")
             no_sync = None if sync else getattr(model, "no_sync", None)
             with no_sync() if no_sync is not None else _NULL:
                 loss.backward()
+            if check_after_backward and (not math.isfinite(total.item()) or in_distributed_run()):
+                self.nonfinite.check_loss(engine, total, losses, model_outs, batch_idx)
+            if phases is not None:
+                phases.end()
             engine.fire_event(HatEvents.BACKWARD_END)
             if step_now:
                 self._optimizer_step(engine)
@@ -320,12 +358,21 @@ class BatchProcessorMixin(ABC):
         engine.state.grad_pending_steps = 0
 
     def _optimizer_step(self, engine: LoopBase) -> None:
+        if not self.nonfinite.allow_update(engine, self.grad_scaler):
+            return  # nonfinite_policy="skip": this update is dropped (counted and logged)
+        phases = engine.phase_profiler
+        if phases is not None:
+            phases.begin("optimizer")
         scaler = self.grad_scaler
+        if self.grad_clipper is not None:  # after unscale_, once per update
+            engine.state.grad_norm = self.grad_clipper(engine.optimizer, scaler)
         if scaler is not None:
             scaler.step(engine.optimizer)
             scaler.update()
         else:
             engine.optimizer.step()
+        if phases is not None:
+            phases.end()
 
 
 def _compose_inverse(transforms: Any) -> Callable | None:

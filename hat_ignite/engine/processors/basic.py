@@ -40,6 +40,17 @@ class BasicBatchProcessor(BatchProcessorMixin):
             losses of the group; the last, incomplete group of an epoch is applied too.
         check_finite_loss: raise :class:`~hat_ignite.errors.NonFiniteLossError` before the
             update when the loss is NaN/Inf (reads the loss value each training step).
+        nonfinite_policy: what a NaN/Inf loss or gradient does: ``"raise"`` (stop before the
+            update, naming epoch, step and loss keys or parameters) or ``"skip"`` (drop that
+            step's update, count it in ``engine.state.nonfinite_skipped``, log it, go on).
+        check_finite_grad: also check the gradients before each optimizer step (not while an
+            enabled ``GradScaler`` handles fp16 overflow, which is normal, not an error);
+            ``check_finite_loss=False`` turns this check off too.
+        clip_grad_norm: clip the total gradient norm to this value right before each optimizer
+            step (after the last accumulated backward, after ``GradScaler.unscale_``); ``None``: off.
+        clip_norm_type: order of that norm (``2.0``; ``"inf"`` for the largest entry).
+        clip_grad_value: clamp every gradient entry to ``[-v, v]``, or to ``[lower, upper]`` for a
+            pair, before the norm clipping; ``None``: off.
     """
 
     def __init__(
@@ -56,11 +67,18 @@ class BasicBatchProcessor(BatchProcessorMixin):
         grad_scaler: Any = None,
         grad_accumulation_step: int = 1,
         check_finite_loss: bool = True,
+        nonfinite_policy: str = "raise",
+        check_finite_grad: bool = True,
+        clip_grad_norm: float | None = None,
+        clip_norm_type: float | str = 2.0,
+        clip_grad_value: float | tuple[float, float] | None = None,
     ) -> None:
         self._setup(
             need_grad_update, batch_transforms, inverse_transforms, loss_collector, enable_amp,
             enable_amp_dtype, enable_apex, enable_channels_last, channels_last_keys, grad_scaler,
             grad_accumulation_step, check_finite_loss,
+            nonfinite_policy=nonfinite_policy, check_finite_grad=check_finite_grad,
+            clip_grad_norm=clip_grad_norm, clip_norm_type=clip_norm_type, clip_grad_value=clip_grad_value,
         )
 
     def __call__(self, engine: LoopBase, batch: Any) -> Any:

@@ -41,6 +41,12 @@ class MultiBatchProcessor(BatchProcessorMixin):
         grad_accumulation_step: update every this many steps (an int, or its digits as a
             string); gradients are not synchronised on the steps in between.
         check_finite_loss: see :class:`BasicBatchProcessor`.
+        nonfinite_policy: see :class:`BasicBatchProcessor`.
+        check_finite_grad: see :class:`BasicBatchProcessor`.
+        clip_grad_norm: see :class:`BasicBatchProcessor` (clips once per update, after the
+            step's last batch).
+        clip_norm_type: see :class:`BasicBatchProcessor`.
+        clip_grad_value: see :class:`BasicBatchProcessor`.
     """
 
     def __init__(
@@ -59,11 +65,18 @@ class MultiBatchProcessor(BatchProcessorMixin):
         grad_scaler: Any = None,
         grad_accumulation_step: int | str = 1,
         check_finite_loss: bool = True,
+        nonfinite_policy: str = "raise",
+        check_finite_grad: bool = True,
+        clip_grad_norm: float | None = None,
+        clip_norm_type: float | str = 2.0,
+        clip_grad_value: float | tuple[float, float] | None = None,
     ) -> None:
         self._setup(
             need_grad_update, batch_transforms, inverse_transforms, loss_collector, enable_amp,
             enable_amp_dtype, enable_apex, enable_channels_last, channels_last_keys, grad_scaler,
             grad_accumulation_step, check_finite_loss,
+            nonfinite_policy=nonfinite_policy, check_finite_grad=check_finite_grad,
+            clip_grad_norm=clip_grad_norm, clip_norm_type=clip_norm_type, clip_grad_value=clip_grad_value,
         )
         self.delay_sync = delay_sync
         self.empty_cache = empty_cache

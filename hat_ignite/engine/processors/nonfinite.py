@@ -1,0 +1,189 @@
+"""NaN / Inf guard of the batch processors: a non-finite loss or gradient never updates the model.
+
+:class:`NonFiniteGuard` is consulted twice per training step by
+:class:`~hat_ignite.engine.processors.base.BatchProcessorMixin`:
+
+* :meth:`NonFiniteGuard.check_loss` after the losses are collected (before the backward on the
+  CPU, right after it on an accelerator, so the read does not stall the queue);
+* :meth:`NonFiniteGuard.allow_update` right before the optimizer step: it checks the gradients
+  (unless a ``GradScaler`` is active, which finds and skips fp16 overflow itself — that is the
+  scaler's normal work, not an error) and answers whether the step may run.
+
+With ``policy="raise"`` (the default) the first non-finite value raises
+:class:`~hat_ignite.errors.NonFiniteLossError` naming the epoch, step, sub-batch and the loss
+keys or parameter names, before the optimizer update, so the parameters (and the optimizer's
+state) are those of the previous step. With ``policy="skip"`` the step's update is dropped
+instead, counted in ``engine.state.nonfinite_skipped`` and logged, and training goes on.
+
+Every decision goes through :func:`all_ranks_finite`, which all-reduces the flag when more
+than one process trains, so every rank raises or skips together instead of one rank leaving
+the others waiting in a collective.
+
+>>> guard = NonFiniteGuard(policy="skip")
+>>> guard.policy, guard.check_grad
+('skip', True)
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import ignite.distributed as idist
+import torch
+
+from hat_ignite.errors import NonFiniteLossError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hat_ignite.engine.loop import LoopBase
+
+__all__ = ["NONFINITE_POLICIES", "NonFiniteGuard", "all_ranks_finite", "in_distributed_run", "describe_losses"]
+
+logger = logging.getLogger(__name__)
+
+#: Accepted values of the processors' ``nonfinite_policy`` argument.
+NONFINITE_POLICIES = ("raise", "skip")
+
+_MAX_NAMED = 5
+
+
+_DIST = torch.distributed.is_available()
+
+
+def in_distributed_run() -> bool:
+    """Whether a torch.distributed process group is up (then every check must all-reduce).
+
+    >>> in_distributed_run()
+    False
+    """
+    return _DIST and torch.distributed.is_initialized()
+
+
+def all_ranks_finite(finite: bool) -> bool:
+    """Whether ``finite`` holds on every process (the local flag in a single-process run).
+
+    With more than one process (``idist.get_world_size() > 1``) the flags are all-reduced, so
+    every rank takes the same decision; each rank must then call this at the same point.
+
+    >>> all_ranks_finite(True), all_ranks_finite(False)
+    (True, False)
+    """
+    if idist.get_world_size() <= 1:
+        return finite
+    flag = torch.tensor([0.0 if finite else 1.0], device=idist.device())
+    return float(idist.all_reduce(flag).item()) == 0.0
+
+
+def _value(t: torch.Tensor) -> float:
+    return float(t.detach().float().sum())
+
+
+def describe_losses(losses: Any, model_outs: Any = None) -> str:
+    """``key=value`` for every collected loss (and non-finite scalar model outputs).
+
+    >>> describe_losses({"cls_loss": torch.tensor(float("nan")), "reg_loss": torch.tensor(0.5)})
+    'cls_loss=nan, reg_loss=0.5'
+    """
+    if isinstance(losses, Mapping):
+        parts = [f"{k}={_value(v)}" for k, v in losses.items() if v is not None]
+    elif isinstance(losses, torch.Tensor):
+        parts = [f"loss={_value(losses)}"]
+    else:
+        parts = [f"losses[{i}]={_value(v)}" for i, v in enumerate(losses or ()) if v is not None]
+    if isinstance(model_outs, Mapping):  # name the model outputs behind the numbers
+        named = [
+            f"{k}={_value(v)}" for k, v in model_outs.items()
+            if isinstance(v, torch.Tensor) and v.numel() == 1 and not torch.isfinite(v).all()
+        ]
+        if named:
+            parts.append("non-finite model outputs: " + ", ".join(named))
+    return ", ".join(parts) or "no loss tensors"
+
+
+def _where(state: Any, batch_idx: int) -> str:
+    return (
+        f"epoch_id={state.epoch - 1}, step_id={getattr(state, 'step_id', state.iteration - 1)}, "
+        f"global_step_id={state.iteration - 1}, batch_idx={batch_idx}"
+    )
+
+
+def _grads(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+
+
+def _nonfinite_parameter_names(engine: LoopBase) -> list[str]:
+    """Names of the parameters whose gradient holds NaN/Inf (the slow path, after a failure)."""
+    names = [
+        name for name, p in engine.model.named_parameters()
+        if p.grad is not None and not bool(torch.isfinite(p.grad).all())
+    ]
+    shown = names[:_MAX_NAMED]
+    return shown + ([f"(+{len(names) - _MAX_NAMED} more)"] if len(names) > _MAX_NAMED else [])
+
+
+class NonFiniteGuard:
+    """Decides what a NaN/Inf loss or gradient does to a training step (see the module docs).
+
+    Args:
+        policy: ``"raise"`` (stop with :class:`~hat_ignite.errors.NonFiniteLossError` before
+            the update) or ``"skip"`` (drop the step's update, count it, go on).
+        check_grad: check the gradients before each optimizer step (skipped while an enabled
+            ``GradScaler`` handles fp16 overflow).
+    """
+
+    def __init__(self, policy: str = "raise", check_grad: bool = True) -> None:
+        if policy not in NONFINITE_POLICIES:
+            raise ValueError(
+                f"nonfinite_policy={policy!r}: use 'raise' (stop before the update) or 'skip' "
+                f"(drop the update of a step with a NaN/Inf loss or gradient and count it)."
+            )
+        self.policy = policy
+        self.check_grad = bool(check_grad)
+        #: Why the pending update must be dropped (skip policy), ``None`` when it may run.
+        self.pending: str | None = None
+
+    def check_loss(self, engine: LoopBase, loss: torch.Tensor, losses: Any, model_outs: Any, batch_idx: int) -> None:
+        """Raise, or mark the step's update as dropped, when ``loss`` is NaN or infinite."""
+        if all_ranks_finite(math.isfinite(loss.item())):
+            return
+        where = _where(engine.state, batch_idx)
+        what = describe_losses(losses, model_outs)
+        if self.policy == "skip":
+            self.pending = self.pending or f"non-finite loss at {where}: {what}"
+            return
+        raise NonFiniteLossError(
+            f"Non-finite loss at {where}: {what}. Training stopped before the optimizer update of "
+            f"this step, so the parameters are those of the previous step. Lower the learning rate, "
+            f"check the data, set nonfinite_policy='skip' on the batch processor to drop such steps, "
+            f"or check_finite_loss=False to train on regardless."
+        )
+
+    def allow_update(self, engine: LoopBase, scaler: Any) -> bool:
+        """Whether the optimizer step may run now; raises under the ``"raise"`` policy."""
+        if self.pending is None and self.check_grad and not (scaler is not None and scaler.is_enabled()):
+            grads = _grads(engine.optimizer)
+            finite = not grads or math.isfinite(torch.stack([g.sum() for g in grads]).sum().item())
+            if not all_ranks_finite(finite):
+                where = _where(engine.state, getattr(engine.state, "batch_idx", 0))
+                names = ", ".join(_nonfinite_parameter_names(engine)) or "on another rank"
+                if self.policy == "raise":
+                    raise NonFiniteLossError(
+                        f"Non-finite gradient at {where} (losses: {describe_losses(engine.state.losses)}): "
+                        f"parameters {names}. Training stopped before the optimizer update of this "
+                        f"step, so the parameters are those of the previous step. Lower the learning "
+                        f"rate, clip gradients, or set nonfinite_policy='skip' on the batch processor "
+                        f"to drop such steps."
+                    )
+                self.pending = f"non-finite gradient at {where}: parameters {names}"
+        if self.pending is None:
+            return True
+        state = engine.state
+        state.nonfinite_skipped = getattr(state, "nonfinite_skipped", 0) + 1
+        logger.warning(
+            "Skipped the optimizer update (%d so far): %s.", state.nonfinite_skipped, self.pending
+        )
+        self.pending = None
+        engine.optimizer.zero_grad(set_to_none=True)
+        return False

@@ -1,0 +1,131 @@
+"""NaN / Inf guard: a non-finite loss or gradient never reaches the parameters (docs/reliability.md)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+from hat_ignite.callbacks import CallbackMixin
+from hat_ignite.engine import BasicBatchProcessor, MultiBatchProcessor, Trainer, collect_loss_by_regex
+from hat_ignite.engine.processors.nonfinite import NonFiniteGuard, all_ranks_finite
+from hat_ignite.errors import NonFiniteLossError
+
+
+class Net(nn.Module):
+    """Regression with two named losses; ``x[0, 0] == 1000`` makes the loss NaN and
+    ``x[0, 0] == -1000`` makes the gradient infinite while the loss stays finite."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3, 1)
+
+    def forward(self, x, y):
+        pred = self.fc(x)
+        mse = nn.functional.mse_loss(pred, y)
+        if x[0, 0] == 1000:
+            mse = mse * float("nan")
+        reg = self.fc.weight.abs().sum() * 1e-3
+        if x[0, 0] == -1000:  # d/dw sqrt(w * 0) at 0 is infinite, the value is 0
+            reg = reg + torch.sqrt(self.fc.weight[0, 0] * 0.0)
+        return {"mse_loss": mse, "reg_loss": reg}
+
+
+def batches(bad_at: int, marker: float, n: int = 4):
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for i in range(n):
+        x, y = torch.randn(4, 3, generator=g), torch.randn(4, 1, generator=g)
+        if i == bad_at:
+            x[0, 0] = marker
+        out.append((x, y))
+    return out
+
+
+class Snapshots(CallbackMixin):
+    def __init__(self) -> None:
+        self.params, self.momenta = [], []
+
+    def on_step_end(self, model, optimizer, **kwargs):
+        self.params.append([p.detach().clone() for p in model.parameters()])
+
+
+def run(data, processor, num_epochs=1, callbacks=()):
+    torch.manual_seed(0)
+    model = Net()
+    trainer = Trainer(model=model, data_loader=data, optimizer=torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                      batch_processor=processor, device=None, num_epochs=num_epochs, callbacks=list(callbacks))
+    return trainer
+
+
+def processor(**kwargs):
+    return BasicBatchProcessor(need_grad_update=True, loss_collector=collect_loss_by_regex("^.*loss"), **kwargs)
+
+
+@pytest.mark.parametrize("marker, what, names", [
+    (1000.0, "Non-finite loss", "mse_loss=nan"),
+    (-1000.0, "Non-finite gradient", "parameters fc.weight"),
+])
+def test_nonfinite_loss_or_gradient_stops_before_the_update(marker, what, names):
+    snaps = Snapshots()
+    trainer = run(batches(2, marker), processor(), callbacks=[snaps])
+    momentum_before = None
+
+    class KeepMomentum(CallbackMixin):
+        def on_step_end(self, optimizer, **kwargs):
+            nonlocal momentum_before
+            momentum_before = [s["momentum_buffer"].clone() for s in optimizer.state.values()]
+
+    trainer.attach_callbacks([KeepMomentum()])
+    with pytest.raises(NonFiniteLossError) as info:
+        trainer.fit()
+    message = str(info.value)
+    assert message.startswith(f"{what} at epoch_id=0, step_id=2, global_step_id=2, batch_idx=0")
+    assert names in message and "before the optimizer update" in message
+    assert len(snaps.params) == 2  # steps 0 and 1 finished
+    assert all(torch.equal(a, b) for a, b in zip(snaps.params[-1], trainer.model.parameters()))
+    assert all(torch.equal(a, s["momentum_buffer"]) for a, s in zip(momentum_before, trainer.optimizer.state.values()))
+
+
+def test_skip_mode_drops_and_counts_the_bad_updates(caplog):
+    snaps = Snapshots()
+    data = batches(1, 1000.0) + batches(0, -1000.0, n=2)  # a NaN loss at step 1, an Inf gradient at step 4
+    trainer = run(data, processor(nonfinite_policy="skip"), callbacks=[snaps])
+    with caplog.at_level(logging.WARNING, logger="hat_ignite.engine.processors.nonfinite"):
+        trainer.fit()
+    assert trainer.state.iteration == 6 and trainer.state.nonfinite_skipped == 2
+    assert all(torch.equal(a, b) for a, b in zip(snaps.params[0], snaps.params[1]))  # step 1 skipped
+    assert all(torch.equal(a, b) for a, b in zip(snaps.params[3], snaps.params[4]))  # step 4 skipped
+    assert not all(torch.equal(a, b) for a, b in zip(snaps.params[1], snaps.params[2]))  # step 2 trained
+    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+    text = [r.getMessage() for r in caplog.records]
+    assert "(1 so far): non-finite loss at epoch_id=0, step_id=1" in text[0]
+    assert "(2 so far): non-finite gradient at epoch_id=0, step_id=4" in text[1]
+
+
+def test_skip_mode_with_multi_batch_drops_the_whole_step():
+    data = [tuple(batches(1, 1000.0, n=2))] * 2  # each step: a good batch and a NaN one
+    trainer = run(data, MultiBatchProcessor(need_grad_update=True, loss_collector=collect_loss_by_regex("^.*loss"),
+                                            nonfinite_policy="skip"))
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    trainer.fit()
+    assert trainer.state.nonfinite_skipped == 2
+    assert all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
+
+
+def test_fp16_overflow_handled_by_the_grad_scaler_is_not_an_error():
+    scaler = torch.amp.GradScaler("cpu", init_scale=3.0e38)  # the first scaled backward overflows
+    trainer = run(batches(-1, 0.0), processor(grad_scaler=scaler, enable_amp_dtype=torch.bfloat16))
+    trainer.fit()
+    assert trainer.state.iteration == 4 and getattr(trainer.state, "nonfinite_skipped", 0) == 0
+    assert scaler.get_scale() < 3.0e38  # the scaler saw the overflow and backed off
+    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+
+
+def test_policy_is_checked_and_the_flag_reduction_is_local_in_one_process():
+    with pytest.raises(ValueError, match="nonfinite_policy='ignore'.*'raise'.*'skip'"):
+        processor(nonfinite_policy="ignore")
+    assert all_ranks_finite(True) and not all_ranks_finite(False)
+    assert NonFiniteGuard("skip").pending is None
