@@ -1,0 +1,227 @@
+"""`ExponentialMovingAverage`: an exponential moving average of the model's weights (HAT's EMA).
+
+The rule, as HAT (and YOLOv5's ``ModelEMA``) writes it: after the ``t``-th optimizer update
+(``t = 1, 2, ...``) every parameter ``e`` of the EMA copy moves towards the model's ``p`` by
+
+.. math::
+
+    d_t = \\text{decay} \\cdot (1 - e^{-t / \\text{decay\\_base}}), \\qquad
+    e \\leftarrow d_t \\, e + (1 - d_t) \\, p
+
+so early in training (``d_t`` near 0) the average follows the model closely and it settles
+into a slow average (``d_t -> decay``) after a few ``decay_base`` updates. Buffers (BatchNorm
+running statistics, counters) are copied from the model by default; ``handle_buffers="ema"``
+averages the floating-point ones like the parameters (YOLOv5's choice).
+
+When: once per real optimizer update. The callback counts the optimizer's own ``step()`` calls
+(``Optimizer.register_step_post_hook``), so with ``grad_accumulation_step > 1`` the steps that
+only accumulate gradients do not move the average, nor does an update a ``GradScaler`` skipped
+on fp16 overflow or a batch processor dropped (``nonfinite_policy="skip"``). The average is
+updated on ``on_step_end`` (and on ``on_epoch_end`` for the update that closes an incomplete
+accumulation group), so a callback placed after this one in the list sees the new average.
+
+Where: at ``on_loop_begin`` the callback deep-copies the (unwrapped) model, puts the copy in
+eval mode without gradients and sets ``loop.ema_model`` to it. HAT's hooks then receive it as
+``ema_model``: :class:`~hat_ignite.callbacks.validation.Validation` validates it instead of the
+train model whenever it exists (as in HAT), :class:`~hat_ignite.callbacks.checkpoint.Checkpoint`
+saves its weights as ``"ema_state_dict"`` (and uses them for the ``best`` file), and
+:attr:`ExponentialMovingAverage.ema_model` gives it to export code after ``fit()``.
+
+Checkpoints: the weights travel in the checkpoint's ``"ema_state_dict"``; the callback's own
+:meth:`~ExponentialMovingAverage.state_dict` holds the update count ``t`` (saved under
+``"callbacks"``). A resumed run loads the count with the other callback states and, at loop
+begin, takes the weights from ``loop.checkpoint["ema_state_dict"]``, so the average continues
+exactly where it stopped.
+
+Why not Ignite's ``EMAHandler``: its ``momentum`` is the weight of the live model (HAT's
+``1 - d_t``) with a linear, stateful warm-up; HAT's ramp would need the momentum rewritten
+before every update, the handler updates on every iteration event rather than on optimizer
+updates (wrong under gradient accumulation), and it does not unwrap ``DataParallel``. What is
+left of it — a ``torch._foreach_lerp_`` over matching tensors — is the few lines below.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from hat_ignite.callbacks.base import CallbackMixin
+from hat_ignite.callbacks.checkpoint_payload import unwrap_model
+from hat_ignite.errors import CheckpointError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hat_ignite.engine.loop import LoopBase
+
+__all__ = ["ExponentialMovingAverage"]
+
+logger = logging.getLogger(__name__)
+
+_BUFFER_MODES = ("copy", "ema")
+
+
+def _mismatch(kind: str, ema_names: set[str], model_names: set[str]) -> ValueError:
+    missing = sorted(model_names - ema_names)[:5]
+    extra = sorted(ema_names - model_names)[:5]
+    return ValueError(
+        f"ExponentialMovingAverage: the model's {kind} no longer match the EMA copy made at loop "
+        f"begin (only in the model: {missing}; only in the EMA copy: {extra}). Something changed the "
+        f"model's structure during training; change loop.ema_model the same way (FuseBN does), or "
+        f"make the structural change before the loop starts."
+    )
+
+
+class ExponentialMovingAverage(CallbackMixin):
+    """Keep an exponential moving average of the model (rule, timing and storage: module docs).
+
+    Args:
+        decay: the decay the ramp approaches (HAT's default ``0.9999``); in ``[0, 1)``.
+        decay_base: the ramp's time constant in optimizer updates (default ``2000``); after
+            ``decay_base`` updates the decay is ``63 %`` of ``decay``.
+        handle_buffers: ``"copy"`` (buffers follow the model) or ``"ema"`` (floating-point
+            buffers are averaged like the parameters, integer ones copied).
+
+    Place it before the callbacks that use ``ema_model`` at step end (step-interval
+    ``Validation`` or ``Checkpoint``).
+
+    Example:
+        >>> ema = ExponentialMovingAverage(decay=0.9999, decay_base=2000)
+        >>> round(ema.decay_at(2000), 6)  # 0.9999 * (1 - 1/e)
+        0.632057
+        >>> ema.state_dict()
+        {'updates': 0}
+    """
+
+    def __init__(self, decay: float = 0.9999, decay_base: float = 2000, handle_buffers: str = "copy") -> None:
+        if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0.0 <= decay < 1.0:
+            raise ValueError(f"ExponentialMovingAverage: decay must be a number in [0, 1), got {decay!r}.")
+        if isinstance(decay_base, bool) or not isinstance(decay_base, (int, float)) or not decay_base > 0:
+            raise ValueError(f"ExponentialMovingAverage: decay_base must be a positive number of updates, got {decay_base!r}.")
+        if handle_buffers not in _BUFFER_MODES:
+            raise ValueError(f"ExponentialMovingAverage: handle_buffers must be 'copy' or 'ema', got {handle_buffers!r}.")
+        self.decay = float(decay)
+        self.decay_base = float(decay_base)
+        self.handle_buffers = handle_buffers
+        #: Optimizer updates averaged so far (``t`` of the rule); saved in checkpoints.
+        self.updates = 0
+        self._ema: nn.Module | None = None
+        self._hook: Any = None
+        self._stepped = False
+        self._loaded_checkpoint: int | None = None
+
+    # -- the rule ---------------------------------------------------------------------------
+    def decay_at(self, updates: int) -> float:
+        """The decay ``d_t`` used for the ``updates``-th update."""
+        return self.decay * (1.0 - math.exp(-updates / self.decay_base))
+
+    @property
+    def ema_model(self) -> nn.Module | None:
+        """The averaged model (``None`` before the first ``on_loop_begin``); for export or eval."""
+        return self._ema
+
+    @torch.no_grad()
+    def update(self, model: nn.Module) -> None:
+        """Average ``model`` (a DDP/DataParallel wrapper is looked through) into the EMA copy now."""
+        if self._ema is None:
+            raise RuntimeError(
+                "ExponentialMovingAverage.update() was called before on_loop_begin made the EMA copy; "
+                "attach the callback to a Trainer (or call on_loop_begin) first."
+            )
+        source = unwrap_model(model)
+        self.updates += 1
+        weight = 1.0 - self.decay_at(self.updates)  # the model's share: e + w * (p - e)
+        mine = dict(self._ema.named_parameters())
+        theirs = dict(source.named_parameters())
+        if mine.keys() != theirs.keys():
+            raise _mismatch("parameters", set(mine), set(theirs))
+        if mine:
+            names = list(mine)
+            torch._foreach_lerp_([mine[n] for n in names], [theirs[n].detach() for n in names], weight)
+        my_buffers = dict(self._ema.named_buffers())
+        their_buffers = dict(source.named_buffers())
+        if my_buffers.keys() != their_buffers.keys():
+            raise _mismatch("buffers", set(my_buffers), set(their_buffers))
+        for name, buf in my_buffers.items():
+            src = their_buffers[name]
+            if self.handle_buffers == "ema" and buf.is_floating_point():
+                buf.lerp_(src, weight)
+            else:
+                buf.copy_(src)
+
+    # -- hooks ------------------------------------------------------------------------------
+    def _mark_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._stepped = True
+
+    def on_loop_begin(self, loop: LoopBase, model: nn.Module, optimizer: Any, **kwargs: Any) -> None:
+        if self._ema is None or loop.ema_model is not self._ema:
+            ema = copy.deepcopy(unwrap_model(model))
+            ema.eval()
+            ema.requires_grad_(False)
+            self._ema = ema
+        self._load_from_checkpoint(getattr(loop, "checkpoint", None))
+        loop.ema_model = self._ema
+        self._remove_hook()
+        if optimizer is None:
+            raise ValueError(
+                "ExponentialMovingAverage averages the model after each optimizer update, but the "
+                "loop has no optimizer; use it in a Trainer's callbacks."
+            )
+        self._hook = optimizer.register_step_post_hook(self._mark_step)
+        self._stepped = False
+
+    def _load_from_checkpoint(self, checkpoint: Any) -> None:
+        if not isinstance(checkpoint, Mapping) or checkpoint.get("ema_state_dict") is None:
+            return
+        if self._loaded_checkpoint == id(checkpoint):
+            return  # a later fit() of the same loop continues its own average
+        assert self._ema is not None
+        try:
+            self._ema.load_state_dict(checkpoint["ema_state_dict"])
+        except RuntimeError as exc:
+            raise CheckpointError(
+                f"ExponentialMovingAverage: the checkpoint's ema_state_dict does not fit "
+                f"{type(self._ema).__name__} ({exc}). Resume with the model that wrote the checkpoint."
+            ) from exc
+        self._loaded_checkpoint = id(checkpoint)
+        logger.info("ExponentialMovingAverage: EMA weights restored from the checkpoint (%d updates).", self.updates)
+
+    def on_step_end(self, model: nn.Module, **kwargs: Any) -> None:
+        if self._stepped:
+            self._stepped = False
+            self.update(model)
+
+    def on_epoch_end(self, model: nn.Module, **kwargs: Any) -> None:
+        if self._stepped:  # the update that closed an incomplete accumulation group
+            self._stepped = False
+            self.update(model)
+
+    def on_loop_end(self, **kwargs: Any) -> None:
+        self._remove_hook()
+
+    def _remove_hook(self) -> None:
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+
+    # -- checkpointing ----------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """``{"updates": t}``: the weights themselves are the checkpoint's ``ema_state_dict``."""
+        return {"updates": int(self.updates)}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Restore the update count saved by :meth:`state_dict`."""
+        updates = state_dict["updates"]
+        if isinstance(updates, bool) or not isinstance(updates, int) or updates < 0:
+            raise ValueError(f"ExponentialMovingAverage: a saved update count must be an integer >= 0, got {updates!r}.")
+        self.updates = updates
+
+    def __repr__(self) -> str:
+        return (
+            f"ExponentialMovingAverage(decay={self.decay}, decay_base={self.decay_base}, "
+            f"handle_buffers={self.handle_buffers!r}, updates={self.updates})"
+        )
