@@ -38,56 +38,52 @@ from hat_ignite.callbacks.checkpoint_io import (
     is_temp_file,
     with_content_hash,
 )
+from hat_ignite.callbacks.checkpoint_files import latest_valid_checkpoint, list_checkpoints, scan_checkpoints
 from hat_ignite.callbacks.checkpoint_payload import training_state
 from hat_ignite.errors import CheckpointError
 
 if TYPE_CHECKING:  # pragma: no cover
     from hat_ignite.engine.loop import LoopBase
 
-__all__ = ["Checkpoint", "list_checkpoints"]
+__all__ = ["Checkpoint", "list_checkpoints", "latest_valid_checkpoint"]
 
 logger = logging.getLogger(__name__)
 
 _MODES = ("max", "min")
+_NAME_HASH = re.compile(r"-(\d+)-([0-9a-f]{8})\.pth\.tar$")
+_NAME_NUMBER = re.compile(r"-(\d+)(?:-[0-9a-f]{8})?\.pth\.tar$")
 _KINDS = ("epoch", "step")
 
 
-def _scan(save_dir: str, name_prefix: str) -> list[tuple[str, int, str]]:
-    """``(kind, number, path)`` of the periodic checkpoints in ``save_dir``, oldest first."""
-    pattern = re.compile(re.escape(name_prefix) + r"checkpoint-(epoch|step)-(\d+)(?:-[0-9a-f]{8})?\.pth\.tar")
-    try:
-        names = os.listdir(save_dir)
-    except FileNotFoundError:
-        return []
-    found = []
-    for name in names:
-        match = None if is_temp_file(name) else pattern.fullmatch(name)
-        if match:
-            found.append((match.group(1), int(match.group(2)), os.path.join(os.path.abspath(save_dir), name)))
-    return sorted(found)
+def _name_number(name: str) -> int | None:
+    """The epoch/step number in a periodic checkpoint's file name.
 
-
-def list_checkpoints(save_dir: PathLike, name_prefix: str = "", kind: str | None = None) -> list[str]:
-    """The periodic checkpoint files :class:`Checkpoint` wrote in ``save_dir``, oldest first.
-
-    Temporary files of an interrupted write are never listed; neither are ``last``/``best``.
-
-    Args:
-        save_dir: the checkpoint directory.
-        name_prefix: the ``name_prefix`` the files were written with.
-        kind: ``"epoch"`` or ``"step"`` to list one kind only (``None``: epoch files, then step
-            files).
-
-    >>> import tempfile
-    >>> tmp = tempfile.TemporaryDirectory()
-    >>> for name in ("checkpoint-epoch-0010.pth.tar", "checkpoint-epoch-0002.pth.tar",
-    ...              ".checkpoint-epoch-0011.pth.tar.1a2b3c4d.tmp"):
-    ...     open(os.path.join(tmp.name, name), "wb").close()
-    >>> [os.path.basename(p) for p in list_checkpoints(tmp.name)]
-    ['checkpoint-epoch-0002.pth.tar', 'checkpoint-epoch-0010.pth.tar']
-    >>> tmp.cleanup()
+    >>> _name_number("float-checkpoint-epoch-0003-1a2b3c4d.pth.tar"), _name_number("checkpoint-step-12.pth.tar")
+    (3, 12)
     """
-    return [path for k, _, path in _scan(os.fspath(save_dir), name_prefix) if kind is None or k == kind]
+    match = _NAME_NUMBER.search(name)
+    return int(match.group(1)) if match else None
+
+
+def _weights_finite(weights: Any) -> bool:
+    """Whether every floating-point tensor of a state dict is free of NaN/Inf."""
+    if not isinstance(weights, Mapping):
+        return True
+    return all(
+        bool(torch.isfinite(t).all()) for t in weights.values()
+        if isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex())
+    )
+
+
+def _resume_marks(checkpoint: Any) -> tuple[set[str], set[tuple[str, int]]]:
+    """What identifies the file a run resumed from: its short content hash, and (for names
+    without a hash) its epoch/step number."""
+    if not isinstance(checkpoint, Mapping):
+        return set(), set()
+    recorded = checkpoint.get(HASH_KEY)
+    hashes = {recorded[:8]} if isinstance(recorded, str) else set()
+    numbers = {(kind, checkpoint[kind]) for kind in _KINDS if isinstance(checkpoint.get(kind), int)}
+    return hashes, numbers
 
 
 def _as_float(value: Any, what: str) -> float:
@@ -186,6 +182,10 @@ class Checkpoint(CallbackMixin):
         self.best: float | None = None
         self._saved_iteration: int | None = None
         self._warned_missing = False
+        # Rotation never deletes these: the file the run resumed from, the newest finite one.
+        self._resumed_hashes: set[str] = set()
+        self._resumed_numbers: set[tuple[str, int]] = set()
+        self._last_finite: str | None = None
 
     # -- file names ---------------------------------------------------------------------------
     def _path(self, name: str) -> str:
@@ -216,6 +216,8 @@ class Checkpoint(CallbackMixin):
     def on_loop_begin(self, loop: LoopBase, **kwargs: Any) -> None:
         self._saved_iteration = None
         self._warned_missing = False
+        self._last_finite = None
+        self._resumed_hashes, self._resumed_numbers = _resume_marks(getattr(loop, "checkpoint", None))
         sampler = self.task_sampler
         if sampler is not None and idist.get_world_size() > 1 and getattr(sampler, "is_parallel", lambda: False)():
             raise ValueError(
@@ -254,6 +256,22 @@ class Checkpoint(CallbackMixin):
         self._saved_iteration = loop.state.iteration
         logger.info("Saved checkpoint %s at the end of training.", path)
 
+    def save_resume_point(self, loop: LoopBase) -> str | None:
+        """Write a resumable checkpoint of the state right after the step that just ended.
+
+        The loop calls this when it stops on request (``loop.request_stop()``, e.g. on SIGTERM):
+        a step file as a step-interval save point writes it, and ``last`` pointing at it.
+        Nothing is written twice when this step was already saved.
+
+        Returns:
+            The file's absolute path (``None`` on ranks other than 0).
+        """
+        state = loop.state
+        if self._saved_iteration == state.iteration and os.path.exists(self.last_path):
+            return self.last_path if self._is_writer() else None
+        step = state.iteration - 1
+        return self.save_point(loop, "step", step, max(state.epoch - 1, 0), step, state.storage, loop.val_metrics)
+
     # -- saving ------------------------------------------------------------------------------
     def save_point(self, loop: LoopBase, kind: str, number: int, epoch_id: int, global_step_id: int,
                    storage: Any = None, val_metrics: Any = None) -> str | None:
@@ -271,6 +289,13 @@ class Checkpoint(CallbackMixin):
         atomic_link(path, self.last_path)
         if is_best:
             self._write_best(payload, path)
+        if _weights_finite(payload["state_dict"]):
+            self._last_finite = path
+        else:
+            logger.warning(
+                "Checkpoint %s holds NaN/Inf weights; rotation keeps %s, the newest checkpoint with "
+                "finite weights.", path, self._last_finite or "no earlier file of this run",
+            )
         self._saved_iteration = loop.state.iteration
         best = f" (new best {self.monitor_metric_key or 'metric'}={self.best:.6g})" if is_best else ""
         logger.info("Saved checkpoint %s%s.", path, best)
@@ -295,17 +320,31 @@ class Checkpoint(CallbackMixin):
     def _rotate(self, kind: str, number: int, keep: str) -> None:
         """Delete files this save point supersedes: same-number files with another hash, and,
         with ``keep_n``, the oldest files up to this one (newer files of an abandoned run stay)."""
-        entries = [(n, p) for k, n, p in _scan(self.save_dir, self.name_prefix) if k == kind and n <= number]
+        entries = [(n, p) for k, n, p in scan_checkpoints(self.save_dir, self.name_prefix) if k == kind and n <= number]
         doomed = [p for n, p in entries if n == number and p != keep]
         if self.keep_n is not None:
             older = sorted({n for n, _ in entries if n < number})
             dropped = set(older[: max(len(older) - (self.keep_n - 1), 0)])
             doomed += [p for n, p in entries if n in dropped]
         for p in doomed:
+            reason = self._keep_reason(kind, p)
+            if reason:
+                logger.info("Rotation keeps %s: %s.", p, reason)
+                continue
             try:
                 os.remove(p)
             except OSError as exc:
                 logger.warning("Could not remove old checkpoint %s: %s", p, exc)
+
+    def _keep_reason(self, kind: str, path: str) -> str | None:
+        """Why rotation must not delete ``path`` (``None``: it may)."""
+        if path == self._last_finite:
+            return "it is the newest checkpoint with finite weights"
+        match = _NAME_HASH.search(os.path.basename(path))
+        if match:
+            return "the run resumed from it" if match.group(2) in self._resumed_hashes else None
+        number = _name_number(os.path.basename(path))
+        return "the run resumed from it" if (kind, number) in self._resumed_numbers else None
 
     # -- best metric ---------------------------------------------------------------------------
     def _monitored_value(self, storage: Any, val_metrics: Any) -> float | None:

@@ -39,7 +39,7 @@ import uuid
 import zipfile
 from collections import OrderedDict
 from collections.abc import Mapping
-from typing import Any, Union
+from typing import Any, BinaryIO, Callable, Union
 
 import torch
 
@@ -52,6 +52,7 @@ __all__ = [
     "content_hash",
     "with_content_hash",
     "atomic_save",
+    "atomic_write",
     "atomic_link",
     "is_temp_file",
     "load_checkpoint",
@@ -232,11 +233,37 @@ def atomic_save(obj: Any, path: PathLike) -> str:
     Raises:
         CheckpointError: the write failed (disk full, no permission...); names the path.
     """
+    return atomic_write(path, lambda f: torch.save(obj, f))
+
+
+def atomic_write(path: PathLike, write: Callable[[BinaryIO], Any]) -> str:
+    """Write ``path`` through ``write(file)`` so that ``path`` is either old or complete.
+
+    The crash-safe write of :func:`atomic_save` for any serializer that writes to a binary file
+    object (``torch.jit.save``, ``torch.export.save``, ``f.write(data)``).
+
+    Args:
+        path: the destination file; its directory must exist.
+        write: called once with the open temporary file.
+
+    Returns:
+        The absolute path written.
+
+    Raises:
+        CheckpointError: the write failed (disk full, no permission...); names the path.
+
+    >>> import tempfile
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> path = atomic_write(f"{tmp.name}/data.bin", lambda f: f.write(b"abc"))
+    >>> open(path, "rb").read(), sorted(os.listdir(tmp.name))
+    (b'abc', ['data.bin'])
+    >>> tmp.cleanup()
+    """
     path = os.path.abspath(os.fspath(path))
     tmp = _temp_path(path)
     try:
         with open(tmp, "wb") as f:
-            torch.save(obj, f)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -285,10 +312,12 @@ def atomic_link(src: PathLike, dst: PathLike) -> str:
 # -- verified loading ------------------------------------------------------------------------
 def _load_error(path: str, exc: Exception) -> CheckpointError:
     detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    if isinstance(exc, pickle.UnpicklingError) and "Unsupported global" in str(exc):
-        start = str(exc).find("Unsupported global")
+    refused = next(
+        (line.strip() for line in str(exc).splitlines() if "unsupported global" in line.lower()), None
+    ) if isinstance(exc, pickle.UnpicklingError) else None
+    if refused:
         reason = (
-            f"it holds Python objects that a weights-only load refuses ({str(exc)[start:].splitlines()[0]}). "
+            f"it holds Python objects that a weights-only load refuses ({refused}). "
             f"Checkpoints are never unpickled with weights_only=False. If you trust the file, "
             f"re-save it as plain tensors and containers (e.g. torch.save(obj.state_dict(), path))"
         )
@@ -325,8 +354,8 @@ def load_checkpoint(path: PathLike, map_location: Any = "cpu", check_hash: bool 
 
     Raises:
         CheckpointError: the file is missing, empty, truncated, not a checkpoint, holds objects
-            a weights-only load refuses, or its content does not match its hash. The message
-            names the absolute path and the reason.
+            a weights-only load refuses, has a newer format version, or its content does not
+            match its hash. The message names the absolute path and the reason.
 
     >>> load_checkpoint("no/such/dir/nope.pth.tar")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
@@ -351,9 +380,30 @@ def load_checkpoint(path: PathLike, map_location: Any = "cpu", check_hash: bool 
         obj = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:  # torch raises many types for bad files; each becomes one clear error
         raise _load_error(path, exc) from exc
+    _check_format(obj, path)
     if check_hash:
         verify_content_hash(obj, path)
     return obj
+
+
+def _check_format(obj: Any, path: str) -> None:
+    """Refuse a checkpoint whose format version this package does not know (a newer one)."""
+    if not isinstance(obj, Mapping) or FORMAT_KEY not in obj:
+        return
+    fmt = obj[FORMAT_KEY]
+    if isinstance(fmt, bool) or not isinstance(fmt, int) or fmt < 1:
+        raise CheckpointError(
+            f"Cannot load checkpoint {path}: its {FORMAT_KEY!r} entry is {fmt!r}, not a format "
+            f"version. The file was not written by hat_ignite or was altered; use another checkpoint."
+        )
+    if fmt > FORMAT_VERSION:
+        versions = obj.get("versions")
+        writer = versions.get("hat_ignite") if isinstance(versions, Mapping) else None
+        by = f" (written by hat_ignite {writer})" if writer else ""
+        raise CheckpointError(
+            f"Cannot load checkpoint {path}: it uses checkpoint format {fmt}{by}, newer than format "
+            f"{FORMAT_VERSION}, the newest this hat_ignite reads. Upgrade hat_ignite to load it."
+        )
 
 
 def verify_content_hash(obj: Any, path: str) -> None:

@@ -17,6 +17,9 @@ callbacks           ``{"ClassName": cb.state_dict()}`` for each stateful callbac
 progress            Ignite counters: ``epoch``, ``iteration`` (steps done), ``epoch_length``,
                     and the run's ``stop_by``, ``num_epochs``, ``num_steps``
 rng                 python / numpy / torch (and CUDA) generator states as tensors and numbers
+data                the data position (``loop.data_state_dict()``): steps done in the running
+                    epoch, whether its on_epoch_end hooks are still to run, and the generator
+                    states its data iterator started from (shuffle order, worker seeds)
 versions            ``hat_ignite`` and ``torch`` versions that wrote it
 content_sha256      SHA-256 of all of the above (see :mod:`.checkpoint_io`)
 ==================  ==========================================================================
@@ -25,13 +28,13 @@ content_sha256      SHA-256 of all of the above (see :mod:`.checkpoint_io`)
 from __future__ import annotations
 
 import logging
-import random
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 from torch import nn
+
+# The generator helpers live in the engine, which sets them at the right moment of a resume.
+from hat_ignite.engine.resume import rng_state, set_rng_state
 
 if TYPE_CHECKING:  # pragma: no cover
     from hat_ignite.engine.loop import LoopBase
@@ -51,71 +54,6 @@ def unwrap_model(model: nn.Module) -> nn.Module:
     if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
         return model.module
     return model
-
-
-# -- random generators -----------------------------------------------------------------------
-def rng_state() -> dict[str, Any]:
-    """The python, numpy, torch (and initialised CUDA) generator states, as tensors and numbers.
-
-    Unlike the raw states (numpy's is a tuple holding an ndarray), the result loads with
-    ``torch.load(weights_only=True)``.
-
-    >>> saved = rng_state()
-    >>> first = torch.rand(1)
-    >>> set_rng_state(saved)
-    ['python', 'numpy', 'torch']
-    >>> bool(torch.rand(1) == first)
-    True
-    """
-    py_version, py_internal, py_gauss = random.getstate()
-    np_name, np_keys, np_pos, np_has_gauss, np_cached = np.random.get_state()
-    state: dict[str, Any] = {
-        "python": {
-            "version": int(py_version),
-            "state": torch.tensor(py_internal, dtype=torch.int64),
-            "gauss_next": py_gauss,
-        },
-        "numpy": {
-            "name": str(np_name),
-            "keys": torch.from_numpy(np.asarray(np_keys, dtype=np.int64)),
-            "pos": int(np_pos),
-            "has_gauss": int(np_has_gauss),
-            "cached_gaussian": float(np_cached),
-        },
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = [s.cpu() for s in torch.cuda.get_rng_state_all()]
-    return state
-
-
-def set_rng_state(state: Mapping[str, Any]) -> list[str]:
-    """Restore generator states saved by :func:`rng_state`; return the names restored."""
-    restored = []
-    py = state.get("python")
-    if py is not None:
-        random.setstate((py["version"], tuple(int(v) for v in py["state"].tolist()), py["gauss_next"]))
-        restored.append("python")
-    npy = state.get("numpy")
-    if npy is not None:
-        keys = npy["keys"].numpy().astype(np.uint32)
-        np.random.set_state((npy["name"], keys, npy["pos"], npy["has_gauss"], npy["cached_gaussian"]))
-        restored.append("numpy")
-    if state.get("torch") is not None:
-        torch.set_rng_state(state["torch"].cpu())
-        restored.append("torch")
-    cuda = state.get("cuda")
-    if cuda is not None:
-        if torch.cuda.is_available() and torch.cuda.device_count() == len(cuda):
-            torch.cuda.set_rng_state_all(cuda)
-            restored.append("cuda")
-        else:
-            visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
-            logger.warning(
-                "The checkpoint has CUDA generator states for %d device(s) but %d are visible; "
-                "CUDA generators not restored.", len(cuda), visible,
-            )
-    return restored
 
 
 # -- saving ----------------------------------------------------------------------------------
@@ -171,5 +109,6 @@ def training_state(loop: LoopBase, epoch_id: int, global_step_id: int) -> dict[s
             "num_steps": loop.num_steps,
         },
         "rng": rng_state(),
+        "data": loop.data_state_dict() if callable(getattr(loop, "data_state_dict", None)) else None,
         "versions": {"hat_ignite": str(__version__), "torch": str(torch.__version__)},
     }

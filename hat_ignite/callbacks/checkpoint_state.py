@@ -179,6 +179,9 @@ def _restore_optimizer(
         except (ValueError, KeyError, RuntimeError) as exc:
             raise _fail(path, "optimizer state", exc) from exc
         restored.append("optimizer")
+    ensure = getattr(loop.batch_processor, "ensure_grad_scaler", None)
+    if ckpt.get("grad_scaler") and callable(ensure):
+        ensure(loop.torch_device)  # fp16 processors create their scaler lazily: create it now
     scaler = getattr(loop.batch_processor, "grad_scaler", None)
     if ckpt.get("grad_scaler"):
         if callable(getattr(scaler, "load_state_dict", None)):
@@ -224,9 +227,20 @@ def _restore_progress(
         restored.append(f"callback {key}")
     present = {key for key, _ in stateful_callbacks(loop.callbacks)}
     skipped.extend(f"callback {k} (no such callback in this loop)" for k in saved if k not in present)
-    if ckpt.get("rng") is not None:
-        restored.extend(f"rng:{name}" for name in set_rng_state(ckpt["rng"]))
+    rng, data = ckpt.get("rng"), ckpt.get("data")
+    load_data = getattr(loop, "load_data_state_dict", None)
+    if callable(load_data) and isinstance(data, Mapping):
+        # the loop sets the generators right before training goes on, after re-creating the
+        # epoch's data iterator at the saved position
+        load_data(data, rng=rng)
+        restored.append(f"data position (step {data.get('steps_done')} of {data.get('epoch_length')} in the epoch)")
+        if rng is not None:
+            restored.extend(f"rng:{name}" for name in ("python", "numpy", "torch", "cuda") if rng.get(name) is not None)
     else:
+        skipped.append("data position (none saved: the epoch restarts from its first batch)")
+        if rng is not None:
+            restored.extend(f"rng:{name}" for name in set_rng_state(rng))
+    if rng is None:
         skipped.append("rng (none saved)")
 
 

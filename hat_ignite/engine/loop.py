@@ -14,7 +14,10 @@ import torch
 from ignite.engine import Engine, Events
 
 from hat_ignite.engine.events import EVENT_COUNTERS, HatEvents
-from hat_ignite.engine.state import HatState, hook_kwargs
+from hat_ignite.engine.dispatch import fire_hat_event
+from hat_ignite.engine.resumable import ResumableLoopMixin
+from hat_ignite.engine.state import HatState, kwargs_builder
+from hat_ignite.errors import DataError
 
 __all__ = ["LoopBase", "build_if_config", "resolve_device"]
 
@@ -75,7 +78,15 @@ def _loader_length(data_loader: Iterable) -> int | None:
 
 
 def _set_sampler_epoch(data_loader: Iterable, epoch_id: int) -> None:
-    """Call ``set_epoch`` on the loader's sampler(s), as DistributedSampler needs each epoch."""
+    """Call ``set_epoch`` on the loader's sampler(s), as DistributedSampler needs each epoch.
+
+    A loader with its own ``set_epoch`` (a multitask loader, reaching each task's sampler) gets
+    that call instead.
+    """
+    own = getattr(data_loader, "set_epoch", None)
+    if callable(own):
+        own(epoch_id)
+        return
     for owner in (data_loader, getattr(data_loader, "batch_sampler", None)):
         sampler = getattr(owner, "sampler", None)
         set_epoch = getattr(sampler, "set_epoch", None)
@@ -92,10 +103,12 @@ def _on_started(engine: LoopBase) -> None:
     engine.state.epoch_open = False
     engine.set_model_mode()
     engine.fire_event(HatEvents.LOOP_BEGIN)
+    engine._after_loop_begin(_close_epoch)
 
 
 def _on_epoch_started(engine: LoopBase) -> None:
     state = engine.state
+    engine._before_epoch_begin()
     _set_sampler_epoch(engine.data_loader, state.epoch - 1)
     if state.epoch_length:
         state.epoch_first_step = (state.epoch - 1) * state.epoch_length
@@ -113,9 +126,22 @@ def _on_iteration_started(engine: LoopBase) -> None:
 
 def _on_iteration_completed(engine: LoopBase) -> None:
     engine.fire_event(HatEvents.STEP_END)
+    if engine.stop_requested is not None:
+        engine._stop_if_requested()
+
+
+def _empty_loader_error(engine: LoopBase) -> DataError:
+    return DataError(
+        f"{type(engine).__name__}: the data_loader ({type(engine.data_loader).__name__}) yields no "
+        f"batch, so stop_by={engine.stop_by!r} can never complete an "
+        f"{'epoch' if engine.stop_by == 'epoch' else 'step'}. Check the dataset (is it empty? does "
+        f"drop_last=True drop its only, incomplete batch?) and the sampler."
+    )
 
 
 def _close_epoch(engine: LoopBase) -> None:
+    if engine.state.epoch_length == 0:  # an iterable without len() that yielded nothing
+        raise _empty_loader_error(engine)
     finish = getattr(engine.batch_processor, "finish_epoch", None)
     if finish is not None:
         finish(engine)
@@ -124,7 +150,7 @@ def _close_epoch(engine: LoopBase) -> None:
 
 
 def _on_completed(engine: LoopBase) -> None:
-    if engine.state.epoch_open:  # a step limit or terminate() stopped the epoch partway
+    if engine.state.epoch_open and engine.stopped_by is None:  # a step limit or terminate() stopped it partway
         _close_epoch(engine)
     engine.fire_event(HatEvents.LOOP_END)
 
@@ -145,7 +171,7 @@ def _log_progress(engine: LoopBase) -> None:
     )
 
 
-class LoopBase(Engine):
+class LoopBase(ResumableLoopMixin, Engine):
     """The data flow from ``data_loader`` through the batch processor, with HAT's callbacks.
 
     A ``LoopBase`` is an Ignite ``Engine``: attach any Ignite handler with ``on()`` /
@@ -162,8 +188,13 @@ class LoopBase(Engine):
             moved there).
         model_convert_pipeline: a callable ``model -> model`` (or a list of them, or configs)
             applied to the model before it is moved to ``device``.
-        resume_optimizer: whether a resumed checkpoint also restores the optimizer state.
-        resume_epoch_or_step: whether a resumed checkpoint also restores the epoch/step.
+        resume_optimizer: whether a resumed checkpoint also restores the optimizer and grad
+            scaler states.
+        resume_epoch_or_step: whether a resumed checkpoint also restores the epoch/step (down to
+            the position inside the epoch), the callback states and the random generators.
+            Converters of ``model_convert_pipeline`` with a ``resume(loop)`` method (such as
+            ``LoadCheckpoint``) do the restoring when ``fit()`` starts; see
+            :mod:`hat_ignite.engine.resumable`.
         stop_by: ``"epoch"`` (stop after ``num_epochs`` epochs) or ``"step"`` (stop after
             ``num_steps`` steps, crossing epoch boundaries as needed).
         num_epochs: epochs to run when ``stop_by="epoch"``; ``0`` runs only the loop begin/end
@@ -176,7 +207,9 @@ class LoopBase(Engine):
             such as an Ignite handler; attached in list order.
         train_metrics: metrics on the training data, passed to every hook.
         val_metrics: metrics on the validation data, passed to every hook.
-        profiler: a profiler passed to every hook (``None`` for none).
+        profiler: ``None``, ``"simple"`` (a :class:`~hat_ignite.profiler.SimpleProfiler`), a
+            profiler config or instance (e.g. a :class:`~hat_ignite.profiler.TorchProfiler`); it is
+            attached to the loop and passed to every hook.
         log_interval: log epoch/step and the loss every ``log_interval`` steps (``0``: never).
     """
 
@@ -254,11 +287,18 @@ class LoopBase(Engine):
         self.start_step = start_step or 0
         self.train_metrics = build_if_config(train_metrics, "train_metrics")
         self.val_metrics = build_if_config(val_metrics, "val_metrics")
+        if profiler is not None:
+            from hat_ignite.profiler import build_profiler  # only runs that profile import it
+
+            profiler = build_profiler(profiler)
         self.profiler = profiler
+        #: Times the batch processor's phases when a profiler is attached; ``None`` (free) otherwise.
+        self.phase_profiler: Any = None
         self.log_interval = log_interval
         self.ema_model: torch.nn.Module | None = None
         self.checkpoint: Any = None
         self._kwargs_cache: dict[str, dict[str, Any]] = {}
+        self._init_resumable()
 
         for event, bridge in (
             (Events.STARTED, _on_started),
@@ -275,6 +315,8 @@ class LoopBase(Engine):
         self.callbacks: list[Any] = []
         self._callback_handles: list[Any] = []
         self.attach_callbacks(callbacks or [])
+        if callable(getattr(profiler, "attach", None)):
+            profiler.attach(self)  # after the callbacks: it wraps every handler when the run starts
 
     # -- callbacks -------------------------------------------------------------------------
     def attach_callbacks(self, callbacks: Sequence[Any], key: str = "callbacks") -> list[Any]:
@@ -303,18 +345,12 @@ class LoopBase(Engine):
     def fire_event(self, event_name: Any) -> None:
         """Fire an event; HAT events with no handler cost one dict lookup.
 
-        Handlers of a HAT event share one keyword dict per firing, built on first use (see
+        HAT events go through :func:`~hat_ignite.engine.dispatch.fire_hat_event`; their
+        ``**kwargs`` hooks share one keyword dict per firing, built on first use (see
         :meth:`hook_kwargs`).
         """
         if event_name.__class__ is HatEvents:
-            if not self._event_handlers.get(event_name):
-                return
-            outer = self._kwargs_cache
-            self._kwargs_cache = {}
-            try:
-                self._fire_event(event_name)
-            finally:
-                self._kwargs_cache = outer
+            fire_hat_event(self, event_name)
             return
         super().fire_event(event_name)
 
@@ -344,7 +380,7 @@ class LoopBase(Engine):
         """The keywords HAT passes to ``hook`` right now (built once per firing)."""
         kwargs = self._kwargs_cache.get(hook)
         if kwargs is None:
-            kwargs = self._kwargs_cache[hook] = hook_kwargs(hook, self)
+            kwargs = self._kwargs_cache[hook] = kwargs_builder(hook)(self)
         return kwargs
 
     # -- running ---------------------------------------------------------------------------
@@ -356,16 +392,23 @@ class LoopBase(Engine):
     def fit(self) -> HatState:
         """Run the loop until ``num_epochs`` epochs or ``num_steps`` steps are done.
 
+        Resumers (``model_convert_pipeline`` converters with ``resume(loop)``, and objects given
+        to :meth:`schedule_resume`) run first and may move ``start_epoch`` / ``start_step``.
+
         Returns:
             The engine's state after the run.
         """
+        self._run_resumers()
+        length = _loader_length(self.data_loader)
         if self._nothing_to_run():
             self.state.epoch = self.start_epoch
             self.state.iteration = self.start_step
+            self._make_data(length, self.start_step or self.start_epoch * (length or 0))
             _on_started(self)
             _on_completed(self)
             return self.state
-        length = _loader_length(self.data_loader)
+        if length == 0:
+            raise _empty_loader_error(self)
         limit = {"max_epochs": self.num_epochs} if self.stop_by == "epoch" else {"max_iters": self.num_steps}
         self.state.max_epochs = self.state.max_iters = None
         if self.start_epoch or self.start_step:
@@ -382,7 +425,7 @@ class LoopBase(Engine):
                     f"{self.start_step // length}. Give one of them, or both consistent."
                 )
             self.load_state_dict({"iteration": iteration, "epoch_length": length, **limit})
-            self.run(self.data_loader)
+            self.run(self._make_data(length, iteration))
         else:
-            self.run(self.data_loader, **limit)
+            self.run(self._make_data(length, 0), **limit)
         return self.state

@@ -1,0 +1,174 @@
+"""``hat-train --resume [PATH|auto]`` and the SIGTERM/SIGINT handlers of ``hat-train``.
+
+Resuming: ``auto`` takes the newest checkpoint of the trainer's ``Checkpoint`` callback that
+loads and verifies (a corrupt newer file is skipped with a warning naming it); a path takes that
+file. The trainer restores it when ``fit()`` starts and logs what was and was not restored.
+``--resume`` turns ``resume_optimizer`` and ``resume_epoch_or_step`` on unless the stage's config
+sets them.
+
+Signals: the handler only asks the trainer to stop (``request_stop``). The trainer finishes the
+running step, the ``Checkpoint`` callback writes a resumable checkpoint (a step file, and
+``last`` pointing at it), and ``hat-train`` exits with 128 + the signal number (143 for SIGTERM,
+130 for SIGINT) after printing the command that resumes. A second signal exits at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import signal
+import sys
+import threading
+from collections.abc import Mapping
+from typing import Any, Callable, Sequence
+
+__all__ = ["add_resume_argument", "apply_resume", "install_stop_signals", "resume_command", "stop_report"]
+
+logger = logging.getLogger("hat_ignite.cli.train")
+
+_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def add_resume_argument(parser: Any) -> None:
+    """Add ``--resume [PATH|auto]`` (``--resume`` alone means ``auto``)."""
+    parser.add_argument(
+        "--resume", nargs="?", const="auto", default=None, metavar="PATH|auto",
+        help="continue a run: 'auto' (the default when no value is given) takes the newest valid "
+             "checkpoint in the Checkpoint callback's save_dir, or give a checkpoint file",
+    )
+
+
+def _checkpoint_dirs(trainer: Any, work_path: str) -> list[tuple[str, str]]:
+    """``(save_dir, name_prefix)`` of the trainer's checkpoint writers (else work_dir/checkpoints)."""
+    dirs = [
+        (os.path.abspath(cb.save_dir), getattr(cb, "name_prefix", "") or "")
+        for cb in getattr(trainer, "callbacks", [])
+        if callable(getattr(cb, "save_resume_point", None)) and isinstance(getattr(cb, "save_dir", None), str)
+    ]
+    return dirs or [(os.path.join(work_path, "checkpoints"), "")]
+
+
+class _Resume:
+    """Restores a loaded checkpoint into the loop when ``fit()`` starts (``loop.schedule_resume``)."""
+
+    def __init__(self, path: str, checkpoint: Mapping[str, Any]) -> None:
+        self.path = path
+        self.checkpoint = checkpoint
+
+    def resume(self, loop: Any) -> dict[str, list[str]]:
+        from hat_ignite.callbacks.checkpoint_state import restore_training_state
+
+        return restore_training_state(loop, self.checkpoint, self.path)
+
+
+def apply_resume(trainer: Any, resume: str, stage_cfg: Mapping[str, Any], work_path: str) -> str | None:
+    """Find the checkpoint ``--resume`` names and schedule its restoring into ``trainer``.
+
+    Args:
+        trainer: the built trainer.
+        resume: ``"auto"`` or a checkpoint path.
+        stage_cfg: the stage's config node (its explicit ``resume_*`` keys are kept).
+        work_path: the run's work dir (searched when the trainer has no Checkpoint callback).
+
+    Returns:
+        The checkpoint path, or ``None`` when ``auto`` found no checkpoint (a fresh start).
+
+    Raises:
+        CheckpointError: the named file, or every candidate of ``auto``, is unreadable or corrupt.
+    """
+    from hat_ignite.callbacks.checkpoint_files import latest_valid_checkpoint
+    from hat_ignite.callbacks.checkpoint_io import load_checkpoint
+
+    if resume == "auto":
+        found = None
+        for save_dir, prefix in _checkpoint_dirs(trainer, work_path):
+            found = latest_valid_checkpoint(save_dir, prefix)
+            if found is not None:
+                break
+        if found is None:
+            where = ", ".join(d for d, _ in _checkpoint_dirs(trainer, work_path))
+            logger.info("--resume auto: no checkpoint in %s; starting from the beginning.", where)
+            return None
+        path, checkpoint = found
+    else:
+        path = os.path.abspath(resume)
+        checkpoint = load_checkpoint(path)
+    for flag in ("resume_optimizer", "resume_epoch_or_step"):
+        if flag in stage_cfg:
+            logger.info("--resume: keeping %s=%s from the config.", flag, stage_cfg[flag])
+        else:
+            setattr(trainer, flag, True)
+    trainer.schedule_resume(_Resume(path, checkpoint))
+    logger.info("Resuming from %s (saved after global step %s).", path, checkpoint.get("step"))
+    return path
+
+
+def resume_command(argv: Sequence[str]) -> str:
+    """The ``hat-train`` command line that resumes the run started with ``argv``.
+
+    >>> resume_command(["cfg.py", "--opts", "a=1", "--resume", "x.pth.tar", "--work-dir", "w d"])
+    "hat-train cfg.py --opts a=1 --work-dir 'w d' --resume auto"
+    """
+    kept: list[str] = []
+    args = list(argv)
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--resume":
+            i += 2 if i + 1 < len(args) and not args[i + 1].startswith("-") else 1
+            continue
+        if arg.startswith("--resume="):
+            i += 1
+            continue
+        kept.append(arg)
+        i += 1
+    return " ".join(["hat-train", *map(shlex.quote, kept), "--resume", "auto"])
+
+
+def install_stop_signals(trainer: Any) -> tuple[list[int], Callable[[], None]]:
+    """Make SIGTERM and SIGINT stop ``trainer`` at the next step boundary; a second one exits.
+
+    Returns:
+        The list the received signal numbers are appended to, and a function restoring the
+        previous handlers. Outside the main thread nothing is installed.
+    """
+    received: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        return received, lambda: None
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        if received:  # the second signal: no more waiting
+            os.write(2, f"hat-train: second {signal.Signals(signum).name}: exiting now without saving\n".encode())
+            os._exit(128 + signum)
+        received.append(signum)
+        trainer.request_stop(f"received {signal.Signals(signum).name}")
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in _SIGNALS}
+
+    def restore() -> None:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+    return received, restore
+
+
+def stop_report(trainer: Any, signum: int, argv: Sequence[str], work_path: str) -> int:
+    """Log how the run stopped and how to resume it; return the exit code (128 + ``signum``)."""
+    name = signal.Signals(signum).name
+    saved = [p for p in getattr(trainer, "resume_points", []) if p]
+    state = trainer.state
+    if getattr(trainer, "stopped_by", None) is None:
+        logger.warning("%s arrived after the last training step; the run is complete (work dir %s).", name, work_path)
+    elif saved:
+        logger.warning(
+            "stopped by %s after global step %d; resumable checkpoint: %s. Resume with: %s",
+            name, state.iteration - 1, ", ".join(saved), resume_command(argv),
+        )
+    else:
+        logger.warning(
+            "stopped by %s after global step %d, but the config has no Checkpoint callback: nothing "
+            "was saved and the run cannot be resumed.", name, state.iteration - 1,
+        )
+    sys.stderr.flush()
+    return 128 + signum

@@ -1,0 +1,202 @@
+"""`ResumableLoopMixin`: the part of :class:`~hat_ignite.engine.loop.LoopBase` that resumes and stops.
+
+Resuming. Objects with a ``resume(loop)`` method are called at the start of ``fit()``: the
+converters of ``model_convert_pipeline`` that have one (``LoadCheckpoint``), then those passed to
+:meth:`~ResumableLoopMixin.schedule_resume` (``hat-train --resume``). They restore what
+``resume_optimizer`` / ``resume_epoch_or_step`` ask for and call
+:meth:`~ResumableLoopMixin.load_data_state_dict` with the saved data position and generators,
+which the loop puts back at the last moment before training goes on:
+
+==========================================  ==================================================
+the checkpoint was written ...              generators are set ...
+==========================================  ==================================================
+inside an epoch (``0 < steps_done < L``)    after the epoch's data iterator is re-created from
+                                            the epoch-start states and moved to the position
+after an epoch's last step, before its      before that epoch's ``on_epoch_end`` hooks, which
+``on_epoch_end`` hooks                      the resumed run then fires (they had not run)
+at an epoch end (``on_epoch_end``)          before the next epoch's ``on_epoch_begin`` hooks
+==========================================  ==================================================
+
+So ``on_loop_begin`` hooks of the resumed run, which the straight run did not have at that
+point, cannot shift the random streams. The engine never imports ``hat_ignite.callbacks``: it
+only calls these duck-typed methods.
+
+Stopping. :meth:`~ResumableLoopMixin.request_stop` (safe to call from a signal handler: it only
+stores the reason) makes the loop stop at the next step boundary: each callback with a
+``save_resume_point(loop)`` method (``Checkpoint``) writes a resumable checkpoint, the loop
+terminates without closing the partial epoch (no ``on_epoch_end``), and ``on_loop_end`` fires.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any, Callable
+
+from hat_ignite.engine.resume import ResumableData, set_rng_state
+
+__all__ = ["ResumableLoopMixin"]
+
+logger = logging.getLogger(__name__)
+
+
+class ResumableLoopMixin:
+    """Resume and stop-request support mixed into ``LoopBase`` (which is an Ignite ``Engine``)."""
+
+    state: Any
+    data_loader: Any
+    optimizer: Any
+    callbacks: list[Any]
+    model_convert_pipeline: Any
+    start_epoch: int
+    start_step: int
+    logger: logging.Logger
+
+    def _init_resumable(self) -> None:
+        self._resumers: list[Any] = []
+        self._data: ResumableData | None = None
+        self._pending_position: dict[str, Any] | None = None
+        self._boundary_rng: Mapping[str, Any] | None = None
+        self._replay_epoch_end = False
+        #: The reason passed to :meth:`request_stop`, until the loop acts on it.
+        self.stop_requested: str | None = None
+        #: The reason the last ``fit()`` stopped early on request (``None``: it did not).
+        self.stopped_by: str | None = None
+        #: What each ``save_resume_point`` returned when the loop stopped on request.
+        self.resume_points: list[Any] = []
+
+    # -- public API ------------------------------------------------------------------------
+    def schedule_resume(self, resumer: Any) -> None:
+        """Call ``resumer.resume(loop)`` at the start of the next ``fit()``.
+
+        ``resumer`` restores a saved training state into the loop (see
+        ``hat_ignite.callbacks.checkpoint_state``); it runs after the resumers of
+        ``model_convert_pipeline``.
+        """
+        if not callable(getattr(resumer, "resume", None)):
+            raise TypeError(f"schedule_resume needs an object with resume(loop), got {type(resumer).__name__}.")
+        self._resumers.append(resumer)
+
+    def request_stop(self, reason: str) -> None:
+        """Stop at the next step boundary, after saving a resumable checkpoint.
+
+        Only records ``reason``; the loop acts on it once the running step (and its
+        ``on_step_end`` hooks) has finished. Safe to call from a signal handler or another thread.
+        """
+        self.stop_requested = str(reason)
+
+    def data_state_dict(self) -> dict[str, Any] | None:
+        """Where the training data stream stands: what an exact mid-epoch resume needs.
+
+        Returns:
+            ``None`` before ``fit()``; else ``{"iteration", "epoch_length", "steps_done"
+            (steps of the running or last epoch done), "epoch_open" (its on_epoch_end hooks have
+            not started), "generators" (generator states the epoch's data iterator started
+            from, or None)}``, all loadable with ``torch.load(weights_only=True)``.
+        """
+        data = self._data
+        if data is None:
+            return None
+        state = self.state
+        length = int(state.epoch_length) if state.epoch_length else None
+        done = int(state.iteration - state.epoch_first_step)
+        return {
+            "iteration": int(state.iteration),
+            "epoch_length": length,
+            "steps_done": done,
+            "epoch_open": bool(state.epoch_open),
+            "generators": data.epoch_generators,
+        }
+
+    def load_data_state_dict(self, data_state: Mapping[str, Any] | None,
+                             rng: Mapping[str, Any] | None = None) -> None:
+        """Continue the data stream (and set ``rng``) where :meth:`data_state_dict` was taken.
+
+        Takes effect at the next ``fit()``, which must start at the saved iteration (the
+        resumer sets ``start_step``). Without ``data_state`` (an older checkpoint) the generators
+        are set at once and the epoch's position is not restored.
+
+        Args:
+            data_state: a :meth:`data_state_dict` result from the checkpoint.
+            rng: the checkpoint's generator states (``hat_ignite.engine.resume.rng_state()``).
+        """
+        if data_state is None:
+            if rng is not None:
+                set_rng_state(rng)
+            return
+        self._pending_position = {**data_state, "rng": rng}
+
+    # -- used by fit() and the bridge handlers --------------------------------------------------
+    def _run_resumers(self) -> None:
+        pipeline = self.model_convert_pipeline
+        converters = pipeline if isinstance(pipeline, (list, tuple)) else [] if pipeline is None else [pipeline]
+        nested = [c for conv in converters for c in getattr(conv, "converters", None) or []]
+        for resumer in [*converters, *nested, *self._resumers]:
+            resume = getattr(resumer, "resume", None)
+            if callable(resume):
+                resume(self)
+        self._resumers = []
+
+    def _make_data(self, length: int | None, start_iteration: int) -> Any:
+        """The iterable ``run()`` goes over; places a pending position into it."""
+        self.stopped_by = None
+        self.resume_points = []
+        if self.optimizer is None:  # loops that do not train never resume
+            self._data = None
+            return self.data_loader
+        self._data = ResumableData(self.data_loader)
+        pending, self._pending_position = self._pending_position, None
+        self._boundary_rng, self._replay_epoch_end = None, False
+        if pending is None:
+            return self._data
+        rng = pending.get("rng")
+        saved_length, done = pending.get("epoch_length"), int(pending.get("steps_done") or 0)
+        if int(pending.get("iteration", -1)) != start_iteration or (length and saved_length != length):
+            logger.warning(
+                "The saved data position (iteration %s, %s steps per epoch) does not match this run "
+                "(iteration %d, %s steps per epoch): the generators are restored, the epoch restarts.",
+                pending.get("iteration"), saved_length, start_iteration, length,
+            )
+            if rng is not None:
+                set_rng_state(rng)
+            return self._data
+        if saved_length and done >= saved_length and pending.get("epoch_open"):
+            self._replay_epoch_end, self._boundary_rng = True, rng
+        elif saved_length and 0 < done < saved_length:
+            self._data.resume_at(done, pending.get("generators"), rng)
+            self.logger.info("Resuming inside epoch %d at step %d of %d.", start_iteration // saved_length,
+                             done, saved_length)
+        else:
+            self._boundary_rng = rng
+        return self._data
+
+    def _after_loop_begin(self, close_epoch: Callable[[Any], None]) -> None:
+        """Fire the on_epoch_end hooks of an epoch whose last step was saved before them."""
+        if not self._replay_epoch_end:
+            return
+        self._replay_epoch_end = False
+        if self._boundary_rng is not None:
+            set_rng_state(self._boundary_rng)
+            self._boundary_rng = None
+        self.logger.info("Running the on_epoch_end hooks of epoch %d, which the saved run had not run.",
+                         self.state.epoch - 1)
+        close_epoch(self)
+
+    def _before_epoch_begin(self) -> None:
+        if self._boundary_rng is not None:
+            set_rng_state(self._boundary_rng)
+            self._boundary_rng = None
+
+    def _stop_if_requested(self) -> None:
+        """At a step boundary: save resume points and terminate when a stop was requested."""
+        reason = self.stop_requested
+        if reason is None:
+            return
+        self.stop_requested = None
+        self.stopped_by = reason
+        for cb in self.callbacks:
+            save = getattr(cb, "save_resume_point", None)
+            if callable(save):
+                self.resume_points.append(save(self))
+        self.logger.warning("Stopping after global step %d: %s.", self.state.iteration - 1, reason)
+        self.terminate()  # type: ignore[attr-defined]
