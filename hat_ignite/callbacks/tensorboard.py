@@ -1,0 +1,348 @@
+"""`TensorBoard`: write a run's losses, learning rates and metrics to a TensorBoard event file.
+
+What is written, under which tag (the x axis is always HAT's ``global_step_id``):
+
+* ``loss/<name>``: each loss in ``model_outs`` whose flattened key matches ``loss_name_reg``;
+  every ``update_freq`` steps (that step's value) or epochs (the epoch's mean);
+* ``lr/group_<i>``: the learning rate of each optimizer param group, at the same points;
+* ``train/<metric>``: the ``get()`` values of the loop's ``train_metrics``, at the same points;
+* ``val/<metric>``: each validation's results, read from ``storage["validation"]`` (the record a
+  ``Validation`` callback leaves), once per validation;
+* ``stats/<key>``: a ``StatsMonitor``'s figures from ``storage["stats"]`` (those that changed
+  since its previous record), once per record.
+
+Loss names: ``model_outs`` is flattened to dotted keys (``({"cls_loss": t}, logits)`` gives
+``0.cls_loss`` and ``1``); a key is a loss when ``loss_name_reg`` matches it or its last part. The
+tag drops the purely numeric parts (``loss/cls_loss``) unless two losses would then share a name.
+A loss tensor with several elements is summed, as the batch processor does before backward.
+
+Steps: with ``update_by="step"``, step ``global_step_id`` is written when
+``(global_step_id + 1) % update_freq == 0``, so ``N`` steps give ``N // update_freq`` points per
+tag. With ``update_by="epoch"``, the end of every ``update_freq``-th epoch is written at the
+number of steps done so far. Validation results are written at the ``global_step_id`` their record
+carries; ``val/<name>`` for the values a ``MetricUpdater`` stores under its default key
+``monitor_obj``, ``val/<key>/<name>`` for other keys. (``val_metrics`` themselves are not read
+between validations: they hold the previous validation's values until the next one runs; the
+record holds exactly what their ``get()`` returned at the end of each validation.)
+
+Cost: a loss, lr or metric is turned into a Python number (``.item()``, a device sync on a GPU)
+only on steps that are written; on other steps the callback does one modulo and, to notice new
+validation and StatsMonitor records, two dict lookups.
+
+Processes: only rank 0 writes. Metric ``get()`` may be a collective under ``torch.distributed``,
+so every rank computes the metric values at the same points and rank 0 writes them.
+
+Order: attach it after ``Validation``, ``StatsMonitor`` and metric updaters (loggers last), so it
+sees their records of the same step, epoch and loop end.
+"""
+
+from __future__ import annotations
+
+import glob
+import inspect
+import logging
+import os
+import re
+import time
+from collections.abc import Mapping
+from typing import Any, Callable, Sequence
+
+import ignite.distributed as idist
+import torch
+
+from hat_ignite.callbacks.base import CallbackMixin
+from hat_ignite.engine.processors.loss_collectors import flatten_outputs
+from hat_ignite.metrics.base import metric_name_values
+from hat_ignite.visualize.event_file import EVENT_FILE_GLOB
+
+__all__ = ["TensorBoard", "EVENT_FILE_GLOB", "loss_scalars"]
+
+logger = logging.getLogger(__name__)
+
+_UPDATE_BY = ("step", "epoch")
+_VALIDATION_KEY = "validation"  # hat_ignite.callbacks.validation.STORAGE_KEY
+_STATS_KEY = "stats"  # hat_ignite.callbacks.stats_monitor.STORAGE_KEY
+_DEFAULT_METRIC_KEY = "monitor_obj"  # MetricUpdater's default storage_key
+_STATS_SKIP = frozenset({"epoch_id", "step_id", "global_step_id", "lr"})  # lr: see lr/group_<i>
+
+
+def _number(value: Any) -> float | None:
+    """``value`` as a float (a tensor is summed), or ``None`` when it is not a real number."""
+    if isinstance(value, torch.Tensor):
+        if not value.numel() or value.is_complex():
+            return None
+        return float(value.detach().float().sum())
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def _short_names(keys: Sequence[str]) -> list[str]:
+    """Keys without their numeric parts (``0.cls_loss`` -> ``cls_loss``) where that stays unique."""
+    short = [".".join(p for p in k.split(".") if not p.isdigit()) or k for k in keys]
+    return [s if short.count(s) == 1 else k for s, k in zip(short, keys)]
+
+
+def loss_scalars(model_outs: Any, pattern: re.Pattern[str]) -> dict[str, torch.Tensor]:
+    """The losses in ``model_outs`` whose flattened key (or its last part) matches ``pattern``.
+
+    Returns:
+        ``{tag name: tensor}`` (tensors as they are, nothing is read from the device).
+
+    >>> outs = ({"cls_loss": torch.tensor(0.5), "reg_loss": torch.tensor(0.25)}, torch.zeros(2, 3))
+    >>> sorted(loss_scalars(outs, re.compile("^.*loss.*")))
+    ['cls_loss', 'reg_loss']
+    >>> list(loss_scalars({"a": {"loss": torch.tensor(1.0)}, "b": {"loss": torch.tensor(2.0)}}, re.compile("loss$")))
+    ['a.loss', 'b.loss']
+    """
+    found = [
+        (key, value) for key, value in flatten_outputs(model_outs).items()
+        if isinstance(value, torch.Tensor) and key and (pattern.match(key) or pattern.match(key.rsplit(".", 1)[-1]))
+    ]
+    return dict(zip(_short_names([k for k, _ in found]), (v for _, v in found)))
+
+
+def _call_style(func: Callable[..., Any]) -> frozenset[str] | None:
+    """The keyword names ``func`` takes, or ``None`` when it takes ``**kwargs`` (gets all)."""
+    try:
+        params = inspect.signature(func).parameters.values()
+    except (TypeError, ValueError):  # builtins without a signature: pass everything
+        return None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    return frozenset(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+
+
+class TensorBoard(CallbackMixin):
+    """Write losses, learning rates, metrics and custom summaries for TensorBoard (rank 0).
+
+    The tags, steps and costs are described in the module docstring. Open the result with
+    ``tensorboard --logdir <save_dir>``; ``hat-curves`` draws it as a PNG.
+
+    Args:
+        save_dir: directory of the event files (created when the run begins).
+        overwrite: remove the event files already in ``save_dir`` when the run begins (other
+            files there are left alone); otherwise a new event file is added beside them and
+            TensorBoard shows them as one run.
+        loss_name_reg: regex selecting the losses in ``model_outs`` by flattened key.
+        update_freq: write every ``update_freq`` steps or epochs.
+        update_by: ``"step"`` or ``"epoch"``, the unit of ``update_freq``.
+        tb_update_funcs: functions called at every written point as
+            ``func(writer=..., model_outs=..., step_id=..., **hook kwargs)`` to add anything
+            else (images, histograms ...). A function that does not take ``**kwargs`` gets only
+            the names it declares, so HAT's ``func(writer, model_outs, step_id)`` works as is.
+            With ``update_by="step"`` they run after the written step's batch; with ``"epoch"``
+            at the written epoch's end, with that epoch's last ``model_outs``.
+        **tb_writer_kwargs: passed to ``tensorboardX.SummaryWriter`` (``flush_secs`` ...).
+
+    Example:
+        >>> import tempfile
+        >>> from hat_ignite.engine import BasicBatchProcessor, Trainer, collect_loss_by_regex
+        >>> from hat_ignite.visualize.event_file import read_scalars
+        >>> class Net(torch.nn.Module):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.fc = torch.nn.Linear(3, 1)
+        ...     def forward(self, x):
+        ...         return {"mse_loss": (self.fc(x) ** 2).mean()}
+        >>> model, tmp = Net(), tempfile.TemporaryDirectory()
+        >>> trainer = Trainer(
+        ...     model=model, data_loader=[torch.randn(5, 3) for _ in range(4)],
+        ...     optimizer=torch.optim.SGD(model.parameters(), lr=0.01),
+        ...     batch_processor=BasicBatchProcessor(need_grad_update=True,
+        ...                                         loss_collector=collect_loss_by_regex("^.*loss.*")),
+        ...     device=None, num_epochs=3, callbacks=[TensorBoard(tmp.name, update_freq=2)])
+        >>> _ = trainer.fit()
+        >>> scalars = read_scalars(tmp.name)
+        >>> sorted(scalars), [step for step, _ in scalars["loss/mse_loss"]]
+        (['loss/mse_loss', 'lr/group_0'], [1, 3, 5, 7, 9, 11])
+        >>> tmp.cleanup()
+    """
+
+    def __init__(
+        self,
+        save_dir: str,
+        overwrite: bool = False,
+        loss_name_reg: str = "^.*loss.*",
+        update_freq: int = 1,
+        update_by: str = "step",
+        tb_update_funcs: Sequence[Callable[..., Any]] | None = None,
+        **tb_writer_kwargs: Any,
+    ) -> None:
+        if not isinstance(save_dir, (str, os.PathLike)) or not os.fspath(save_dir):
+            raise ValueError(f"TensorBoard: save_dir must be a directory path, got {save_dir!r}.")
+        if isinstance(update_freq, bool) or not isinstance(update_freq, int) or update_freq < 1:
+            raise ValueError(f"TensorBoard: update_freq must be an integer >= 1, got {update_freq!r}.")
+        if update_by not in _UPDATE_BY:
+            raise ValueError(f"TensorBoard: update_by must be 'step' or 'epoch', got {update_by!r}.")
+        try:
+            self.loss_pattern = re.compile(loss_name_reg)
+        except (re.error, TypeError) as exc:
+            raise ValueError(f"TensorBoard: loss_name_reg {loss_name_reg!r} is not a valid regex: {exc}.") from exc
+        funcs = list(tb_update_funcs or [])
+        bad = [i for i, f in enumerate(funcs) if not callable(f)]
+        if bad:
+            raise TypeError(
+                f"TensorBoard: tb_update_funcs[{bad[0]}] is a {type(funcs[bad[0]]).__name__}, not a function; "
+                f"give functions called as func(writer, model_outs, step_id, **kwargs)."
+            )
+        for key in ("logdir", "log_dir"):
+            if key in tb_writer_kwargs:
+                raise TypeError(f"TensorBoard: pass the directory as save_dir, not {key}.")
+        self.save_dir = os.fspath(save_dir)
+        self.overwrite = overwrite
+        self.loss_name_reg = loss_name_reg
+        self.update_freq = update_freq
+        self.update_by = update_by
+        self.tb_update_funcs = funcs
+        self.tb_writer_kwargs = tb_writer_kwargs
+        self._func_names = [_call_style(f) for f in funcs]
+        self.writer: Any = None  # the tensorboardX SummaryWriter of the running loop (rank 0)
+        self._seen: dict[str, Any] = {}  # the storage records already written, by key
+        self._epoch_sums: dict[str, torch.Tensor] = {}
+        self._epoch_counts: dict[str, int] = {}
+        self._last_outs: Any = None
+
+    # -- writing ---------------------------------------------------------------------------
+    def _open(self) -> None:
+        from tensorboardX import SummaryWriter  # imported only when a run starts
+
+        os.makedirs(self.save_dir, exist_ok=True)
+        if self.overwrite:
+            for old in glob.glob(os.path.join(glob.escape(self.save_dir), EVENT_FILE_GLOB)):
+                os.remove(old)
+        kwargs = dict(self.tb_writer_kwargs)
+        # tensorboardX names a file by the second and the host only: two runs started in the same
+        # second would write the same file. The suffix keeps them apart (and in start order).
+        kwargs.setdefault("filename_suffix", f".{time.time_ns()}")
+        self.writer = SummaryWriter(logdir=self.save_dir, **kwargs)
+
+    def _close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+
+    def _scalar(self, tag: str, value: Any, step: int) -> None:
+        number = _number(value)
+        if number is not None and self.writer is not None:
+            self.writer.add_scalar(tag, number, step)
+
+    def _write_point(self, optimizer: Any, train_metrics: Any, step: int) -> None:
+        """lr of each param group and the train metrics (metrics on every rank, see module doc)."""
+        pairs = metric_name_values(train_metrics) if train_metrics is not None else []
+        if self.writer is None:
+            return
+        for i, group in enumerate(getattr(optimizer, "param_groups", None) or []):
+            self._scalar(f"lr/group_{i}", group.get("lr"), step)
+        for name, value in pairs:
+            if isinstance(value, list):
+                for j, v in enumerate(value):
+                    self._scalar(f"train/{name}/{j}", v, step)
+            else:
+                self._scalar(f"train/{name}", value, step)
+
+    def _write_records(self, storage: Mapping[str, Any]) -> None:
+        """Validation and StatsMonitor records that appeared since the last call."""
+        if self.writer is None:
+            return
+        record = storage.get(_VALIDATION_KEY)
+        if isinstance(record, Mapping) and record is not self._seen.get(_VALIDATION_KEY):
+            self._seen[_VALIDATION_KEY] = record
+            step = int(record.get("global_step_id", 0))
+            for key, value in (record.get("results") or {}).items():
+                if isinstance(value, Mapping):
+                    head = "val" if key == _DEFAULT_METRIC_KEY else f"val/{key}"
+                    for name, v in value.items():
+                        self._scalar(f"{head}/{name}", v, step)
+                else:
+                    self._scalar(f"val/{key}", value, step)
+        stats = storage.get(_STATS_KEY)
+        previous = self._seen.get(_STATS_KEY)
+        if isinstance(stats, Mapping) and stats is not previous:
+            self._seen[_STATS_KEY] = stats
+            step = int(stats.get("global_step_id", 0))
+            old = previous if isinstance(previous, Mapping) else {}
+            for key, value in stats.items():
+                if key not in _STATS_SKIP and (key not in old or old[key] != value):
+                    self._scalar(f"stats/{key}", value, step)
+
+    def _run_funcs(self, step: int, model_outs: Any, kwargs: dict[str, Any]) -> None:
+        if self.writer is None:
+            return
+        given = {**kwargs, "writer": self.writer, "model_outs": model_outs, "step_id": step}
+        for func, names in zip(self.tb_update_funcs, self._func_names):
+            func(**(given if names is None else {k: v for k, v in given.items() if k in names}))
+
+    # -- hooks -----------------------------------------------------------------------------
+    def overridden_hooks(self) -> list[str]:
+        """The hooks to attach: no per-epoch accumulator reset when writing by step."""
+        hooks = super().overridden_hooks()
+        return hooks if self.update_by == "epoch" else [h for h in hooks if h != "on_epoch_begin"]
+
+    def on_loop_begin(self, storage: dict[str, Any], **kwargs: Any) -> None:
+        self._close()
+        self._seen = {key: storage.get(key) for key in (_VALIDATION_KEY, _STATS_KEY)}
+        if idist.get_rank() == 0:
+            self._open()
+
+    def on_epoch_begin(self, **kwargs: Any) -> None:
+        self._epoch_sums, self._epoch_counts, self._last_outs = {}, {}, None
+
+    def on_batch_end(self, model_outs: Any, epoch_id: int, global_step_id: int, **kwargs: Any) -> None:
+        if self.writer is None:
+            return
+        if self.update_by == "step":
+            if (global_step_id + 1) % self.update_freq:
+                return
+            for name, value in loss_scalars(model_outs, self.loss_pattern).items():
+                self._scalar(f"loss/{name}", value, global_step_id)
+            if self.tb_update_funcs:
+                ids = {"epoch_id": epoch_id, "global_step_id": global_step_id}
+                self._run_funcs(global_step_id, model_outs, {**ids, **kwargs})
+            return
+        if (epoch_id + 1) % self.update_freq:
+            return
+        for name, value in loss_scalars(model_outs, self.loss_pattern).items():
+            value = value.detach().float().sum()
+            self._epoch_sums[name] = self._epoch_sums[name] + value if name in self._epoch_sums else value
+            self._epoch_counts[name] = self._epoch_counts.get(name, 0) + 1
+        if self.tb_update_funcs:
+            self._last_outs = model_outs
+
+    def on_step_end(
+        self, global_step_id: int, storage: dict[str, Any], optimizer: Any = None, train_metrics: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        if self.update_by == "step" and (global_step_id + 1) % self.update_freq == 0:
+            self._write_point(optimizer, train_metrics, global_step_id)
+        if self.writer is not None and (_VALIDATION_KEY in storage or _STATS_KEY in storage):
+            self._write_records(storage)
+
+    def on_epoch_end(
+        self, epoch_id: int, global_step_id: int, storage: dict[str, Any], optimizer: Any = None,
+        train_metrics: Any = None, **kwargs: Any,
+    ) -> None:
+        if self.update_by == "epoch" and (epoch_id + 1) % self.update_freq == 0:
+            if self.writer is not None:
+                for name, total in self._epoch_sums.items():
+                    self._scalar(f"loss/{name}", total / self._epoch_counts[name], global_step_id)
+            self._write_point(optimizer, train_metrics, global_step_id)
+            if self.tb_update_funcs:
+                self._run_funcs(global_step_id, self._last_outs, {
+                    "epoch_id": epoch_id, "global_step_id": global_step_id, "storage": storage,
+                    "optimizer": optimizer, "train_metrics": train_metrics, **kwargs,
+                })
+            self._epoch_sums, self._epoch_counts, self._last_outs = {}, {}, None
+        self._write_records(storage)
+        if self.writer is not None:
+            self.writer.flush()
+
+    def on_loop_end(self, storage: dict[str, Any], **kwargs: Any) -> None:
+        self._write_records(storage)
+        self._close()
+
+    def __repr__(self) -> str:
+        return (
+            f"TensorBoard(save_dir={self.save_dir!r}, update_freq={self.update_freq}, "
+            f"update_by={self.update_by!r}, loss_name_reg={self.loss_name_reg!r})"
+        )

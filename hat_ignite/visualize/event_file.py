@@ -1,0 +1,159 @@
+"""Read the scalars of TensorBoard event files (the files the `TensorBoard` callback writes).
+
+An event file is a sequence of TFRecords: an 8-byte little-endian length, a 4-byte masked
+CRC-32C of the length, the serialized ``Event`` protocol buffer, and a 4-byte masked CRC-32C of
+it. The ``Event`` messages are parsed with the protocol buffer classes tensorboardX ships
+(imported when a file is read), so reading needs neither TensorFlow nor the tensorboard package.
+
+A directory is one run, as TensorBoard treats it: all its event files are read in name order
+(their names start with the creation time), and a later value for the same tag and step replaces
+an earlier one, so a resumed run that writes a new file into the same directory continues its
+curves. A file whose last record is cut short (the writer is still running, or was killed) is read
+up to that record; a record whose checksum does not match is an error naming the file and offset.
+
+>>> import tempfile
+>>> from tensorboardX import SummaryWriter
+>>> tmp = tempfile.TemporaryDirectory()
+>>> with SummaryWriter(tmp.name) as writer:
+...     for step in range(3):
+...         writer.add_scalar("loss/cls_loss", 1.0 / (step + 1), step)
+>>> read_scalars(tmp.name)["loss/cls_loss"]
+[(0, 1.0), (1, 0.5), (2, 0.3333333432674408)]
+>>> tmp.cleanup()
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import struct
+from typing import Any, Iterator, Union
+
+__all__ = ["EVENT_FILE_GLOB", "Scalars", "find_event_dirs", "event_files", "iter_events", "read_scalars"]
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+#: Names of event files (as tensorboardX and TensorBoard write them).
+EVENT_FILE_GLOB = "events.out.tfevents.*"
+
+#: ``{tag: [(step, value), ...]}`` with steps ascending.
+Scalars = dict[str, list[tuple[int, float]]]
+
+_HEADER = struct.Struct("<QI")
+_FOOTER = struct.Struct("<I")
+
+
+def _masked_crc(data: bytes) -> int:
+    from tensorboardX.crc32c import crc32c
+
+    crc = crc32c(data) & 0xFFFFFFFF
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def event_files(directory: PathLike) -> list[str]:
+    """The event files directly inside ``directory``, in name (= creation) order."""
+    return sorted(glob.glob(os.path.join(glob.escape(os.fspath(directory)), EVENT_FILE_GLOB)))
+
+
+def find_event_dirs(root: PathLike) -> list[str]:
+    """Directories at or under ``root`` that hold event files, the most recently written last.
+
+    >>> find_event_dirs("no/such/dir")
+    []
+    """
+    found: dict[str, float] = {}
+    for directory, _dirs, files in os.walk(os.fspath(root)):
+        times = [os.path.getmtime(os.path.join(directory, f)) for f in files if f.startswith("events.out.tfevents.")]
+        if times:
+            found[directory] = max(times)
+    return sorted(found, key=lambda d: (found[d], d))
+
+
+def iter_events(path: PathLike) -> Iterator[Any]:
+    """Yield the ``Event`` messages of one event file, in file order.
+
+    Raises:
+        ValueError: a record's checksum does not match (the file is corrupt); names the file and
+            the byte offset.
+    """
+    from tensorboardX.proto.event_pb2 import Event
+
+    path = os.fspath(path)
+    with open(path, "rb") as f:
+        data = f.read()
+    offset = 0
+    while offset + _HEADER.size <= len(data):
+        length, length_crc = _HEADER.unpack_from(data, offset)
+        if _masked_crc(data[offset:offset + 8]) != length_crc:
+            raise ValueError(
+                f"{path} is not a valid event file: the record at byte {offset} has a bad length checksum. "
+                f"The file is corrupt or not a TensorBoard event file; delete it or write the run again."
+            )
+        start = offset + _HEADER.size
+        end = start + length
+        if end + _FOOTER.size > len(data):  # the last record is still being written, or was cut short
+            return
+        payload = data[start:end]
+        if _masked_crc(payload) != _FOOTER.unpack_from(data, end)[0]:
+            raise ValueError(
+                f"{path} is corrupt: the record at byte {offset} does not match its checksum. Delete "
+                f"the file or write the run again."
+            )
+        event = Event()
+        event.ParseFromString(payload)
+        yield event
+        offset = end + _FOOTER.size
+
+
+def _value_of(value: Any) -> float | None:
+    kind = value.WhichOneof("value")
+    if kind == "simple_value":
+        return float(value.simple_value)
+    if kind == "tensor":  # scalars written as 0-d tensors (TensorFlow 2 style)
+        tensor = value.tensor
+        for field in ("float_val", "double_val", "int_val", "int64_val"):
+            items = getattr(tensor, field)
+            if len(items) == 1:
+                return float(items[0])
+        if tensor.tensor_content and tensor.dtype in (1, 2):  # DT_FLOAT, DT_DOUBLE
+            fmt = "<f" if tensor.dtype == 1 else "<d"
+            if len(tensor.tensor_content) == struct.calcsize(fmt):
+                return float(struct.unpack(fmt, tensor.tensor_content)[0])
+    return None
+
+
+def read_scalars(path: PathLike) -> Scalars:
+    """The scalar series in an event file, or in all event files of a directory (one run).
+
+    Args:
+        path: an event file, or a directory holding event files.
+
+    Returns:
+        ``{tag: [(step, value), ...]}``, steps ascending, one value per step (the latest written).
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist, or the directory holds no event file.
+        ValueError: an event file is corrupt (see :func:`iter_events`).
+    """
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        files = event_files(path)
+        if not files:
+            raise FileNotFoundError(
+                f"{os.path.abspath(path)} holds no TensorBoard event file ({EVENT_FILE_GLOB}). Give the "
+                f"TensorBoard callback's save_dir, or add TensorBoard(save_dir=...) to the trainer's callbacks."
+            )
+    elif os.path.isfile(path):
+        files = [path]
+    else:
+        raise FileNotFoundError(f"{os.path.abspath(path)} does not exist; give an event file or its directory.")
+    series: dict[str, dict[int, float]] = {}
+    for file in files:
+        for event in iter_events(file):
+            if not event.HasField("summary"):
+                continue
+            for value in event.summary.value:
+                number = _value_of(value)
+                if number is not None:
+                    series.setdefault(value.tag, {})[int(event.step)] = number
+    return {tag: sorted(points.items()) for tag, points in sorted(series.items())}

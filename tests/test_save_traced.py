@@ -1,0 +1,141 @@
+"""SaveTraced: a model trained on digits, traced at loop end, reloaded in a fresh process."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from hat_ignite.callbacks import SaveTraced
+from hat_ignite.data.digits import DigitsDataset
+from hat_ignite.engine import BasicBatchProcessor, Trainer, collect_loss_by_index
+from hat_ignite.models.mlp import MLPClassifier
+
+RELOAD = """
+import sys, torch
+cases = torch.load(sys.argv[1])
+traced = torch.jit.load(sys.argv[2])
+print("traced", max((traced(*inputs) - expected).abs().max().item() for inputs, expected in cases))
+if len(sys.argv) > 3:
+    program = torch.export.load(sys.argv[3]).module()
+    inputs, expected = cases[0]  # the program is specialised to the traced batch size
+    print("exported", (program(*inputs) - expected).abs().max().item())
+"""
+
+
+def _train(saver: SaveTraced, steps: int = 30) -> MLPClassifier:
+    torch.manual_seed(0)
+    model = MLPClassifier(in_features=64, hidden_features=32, num_classes=10)
+    trainer = Trainer(
+        model=model, data_loader=DataLoader(DigitsDataset("train"), batch_size=64, shuffle=True),
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+        batch_processor=BasicBatchProcessor(need_grad_update=True, loss_collector=collect_loss_by_index(0)),
+        device=None, stop_by="step", num_steps=steps, callbacks=[saver],
+    )
+    trainer.fit()
+    return model
+
+
+def _reload_in_fresh_process(tmp_path, cases, *paths) -> dict[str, float]:
+    """Load the saved files in a new Python process; the largest output difference of each."""
+    data = tmp_path / "cases.pt"
+    torch.save(cases, data)
+    proc = subprocess.run([sys.executable, "-c", RELOAD, str(data), *map(str, paths)],
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {line.split()[0]: float(line.split()[1]) for line in proc.stdout.splitlines() if line.strip()}
+
+
+@pytest.mark.parametrize("save_hash", [True, False])
+def test_the_trained_model_reloads_in_a_fresh_process_with_equal_outputs(tmp_path, save_hash):
+    images = torch.stack([DigitsDataset("val")[i]["img"] for i in range(8)])
+    saver = SaveTraced(str(tmp_path / "deploy"), trace_inputs=(images,), name_prefix="float-", save_hash=save_hash)
+    model = _train(saver)
+    assert model.training  # the training model itself is left as it was
+    with torch.no_grad():
+        expected = model.eval()(images)
+    name = os.path.basename(saver.traced_path)
+    if save_hash:
+        assert re.fullmatch(r"float-deploy-checkpoint-last-[0-9a-f]{8}\.pt", name)
+        data = open(saver.traced_path, "rb").read()
+        assert name[-11:-3] == hashlib.sha256(data).hexdigest()[:8]  # sha256sum checks a copy
+    else:
+        assert name == "float-deploy-checkpoint-last.pt"
+    assert saver.exported_path.endswith(".pt2")
+    assert sorted(os.listdir(tmp_path / "deploy")) == sorted([name, os.path.basename(saver.exported_path)])
+    fresh = torch.stack([DigitsDataset("val")[i]["img"] for i in range(8, 40)])  # another batch size too
+    with torch.no_grad():
+        expected_fresh = model(fresh)
+    cases = [((images,), expected), ((fresh,), expected_fresh)]
+    diffs = _reload_in_fresh_process(tmp_path, cases, saver.traced_path, saver.exported_path)
+    assert diffs["traced"] <= 1e-6 and diffs["exported"] <= 1e-6
+
+
+def test_a_new_run_replaces_the_hashed_files_of_the_previous_one(tmp_path):
+    images = torch.rand(2, 64)
+    saver = SaveTraced(str(tmp_path), trace_inputs=(images,))
+    _train(saver, steps=2)
+    first = saver.traced_path
+    _train(saver, steps=5)  # other weights: another hash
+    assert saver.traced_path != first and not os.path.exists(first)
+    assert len([f for f in os.listdir(tmp_path) if f.endswith(".pt")]) == 1
+
+
+class Named(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 3)
+
+    def forward(self, batch):
+        logits = self.fc(batch["img"])
+        return {"logits": logits, "probs": logits.softmax(-1)}
+
+
+def test_output_names_are_stored_and_required_without_allow_anno_miss(tmp_path):
+    batch = {"img": torch.rand(2, 4)}
+    saver = SaveTraced(str(tmp_path / "named"), trace_inputs=batch, allow_anno_miss=False, save_exported=False)
+    path = saver.save(Named())
+    extra = {"output_names.json": ""}
+    loaded = torch.jit.load(path, _extra_files=extra)
+    assert json.loads(extra["output_names.json"]) == ["logits", "probs"]
+    assert sorted(loaded(batch)) == ["logits", "probs"]
+
+    unnamed = SaveTraced(str(tmp_path / "bare"), trace_inputs=(torch.rand(2, 4),), allow_anno_miss=False)
+    with pytest.raises(ValueError, match=r"output tensors \[0\] of the traced Linear have no name"):
+        unnamed.save(torch.nn.Linear(4, 3))
+    assert not (tmp_path / "bare").exists() or not os.listdir(tmp_path / "bare")
+
+
+class Branchy(torch.nn.Module):
+    """Data-dependent control flow: traces (one branch) but does not export."""
+
+    def forward(self, x):
+        if x.sum() > 0:
+            return x * 2
+        return x - 1
+
+
+def test_a_model_that_does_not_export_still_gets_its_traced_file(tmp_path, caplog):
+    saver = SaveTraced(str(tmp_path), trace_inputs=(torch.ones(2, 3),))
+    with caplog.at_level(logging.WARNING, logger="hat_ignite.callbacks.save_traced"):
+        with pytest.warns(torch.jit.TracerWarning):
+            path = saver.save(Branchy())
+    assert os.path.isfile(path) and saver.exported_path is None
+    assert "Branchy does not export with torch.export" in caplog.text
+
+
+def test_lazy_modules_need_forward_before_trace(tmp_path):
+    model = torch.nn.Sequential(torch.nn.LazyLinear(3))
+    with pytest.raises(RuntimeError, match="forward_before_trace=True"):
+        SaveTraced(str(tmp_path), trace_inputs=(torch.ones(2, 5),), save_exported=False).save(model)
+    path = SaveTraced(str(tmp_path), trace_inputs=(torch.ones(2, 5),), forward_before_trace=True,
+                      save_exported=False).save(model)
+    assert torch.jit.load(path)(torch.ones(1, 5)).shape == (1, 3)

@@ -1,0 +1,151 @@
+"""TensorBoard: event files written during real digits training, read back tag by tag and step by step."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from hat_ignite.callbacks import CallbackMixin, MetricUpdater, StatsMonitor, TensorBoard, Validation
+from hat_ignite.data.digits import DigitsDataset
+from hat_ignite.engine import BasicBatchProcessor, Trainer, collect_loss_by_index
+from hat_ignite.metrics import Accuracy, LossShow
+from hat_ignite.models.mlp import MLPClassifier
+from hat_ignite.visualize.event_file import event_files, read_scalars
+
+STEPS_PER_EPOCH = 23  # 1437 training digits, batch size 64
+
+
+def _scalars(directory) -> dict[str, list[tuple[int, float]]]:
+    """The event files' scalars, through tensorboard's own reader where it is installed."""
+    try:
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    except ImportError:
+        return read_scalars(directory)
+    acc = EventAccumulator(str(directory), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+class RecordLosses(CallbackMixin):
+    """The loss of every step, as the batch processor saw it."""
+
+    def __init__(self):
+        self.losses: dict[int, float] = {}
+
+    def on_batch_end(self, model_outs, global_step_id, **kwargs):
+        self.losses[global_step_id] = float(model_outs[0]["cls_loss"].detach())
+
+
+def _update_train(metrics, batch, model_outs):
+    losses, logits = model_outs
+    metrics[0].update(losses)
+    metrics[1].update(batch["labels"], logits)
+
+
+def _update_val(metrics, batch, model_outs):
+    metrics[0].update(batch["labels"], model_outs)
+
+
+def _trainer(board: TensorBoard, num_epochs: int = 2, lr: float = 0.1) -> tuple[Trainer, RecordLosses]:
+    torch.manual_seed(0)
+    model = MLPClassifier(in_features=64, hidden_features=32, num_classes=10)
+    train = DataLoader(DigitsDataset("train"), batch_size=64, shuffle=True)
+    val = DataLoader(DigitsDataset("val"), batch_size=256)
+    recorder = RecordLosses()
+    validation = Validation(
+        data_loader=val, batch_processor=BasicBatchProcessor(need_grad_update=False),
+        callbacks=[MetricUpdater(_update_val, step_log_freq=0, epoch_log_freq=0)], log_interval=0,
+    )
+    trainer = Trainer(
+        model=model, data_loader=train, optimizer=torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9),
+        batch_processor=BasicBatchProcessor(need_grad_update=True, loss_collector=collect_loss_by_index(0)),
+        device=None, num_epochs=num_epochs,
+        callbacks=[StatsMonitor(log_freq=0), recorder,
+                   MetricUpdater(_update_train, step_log_freq=0, epoch_log_freq=0, storage_key="train_obj"),
+                   validation, board],
+        train_metrics=[LossShow(), Accuracy()], val_metrics=[Accuracy()],
+    )
+    return trainer, recorder
+
+
+def test_step_mode_writes_every_update_freq_steps_and_each_validation(tmp_path):
+    trainer, recorder = _trainer(TensorBoard(str(tmp_path / "tb"), update_freq=4))
+    storage = trainer.fit().storage
+    assert len(event_files(tmp_path / "tb")) == 1
+    scalars = _scalars(tmp_path / "tb")
+    steps = [s for s in range(2 * STEPS_PER_EPOCH) if (s + 1) % 4 == 0]
+    assert len(steps) == (2 * STEPS_PER_EPOCH) // 4 == 11
+    for tag in ("loss/cls_loss", "lr/group_0", "train/cls_loss", "train/accuracy"):
+        assert [s for s, _ in scalars[tag]] == steps, tag
+    for step, value in scalars["loss/cls_loss"]:  # the step's own loss (float32 in the file)
+        assert value == pytest.approx(recorder.losses[step], rel=1e-6)
+    assert all(v == pytest.approx(0.1) for _, v in scalars["lr/group_0"])
+    # one point per validation, at the steps done when it ran, with the validation's value
+    assert [s for s, _ in scalars["val/accuracy"]] == [STEPS_PER_EPOCH, 2 * STEPS_PER_EPOCH]
+    assert scalars["val/accuracy"][-1][1] == pytest.approx(storage["validation"]["results"]["monitor_obj"]["accuracy"], rel=1e-6)
+    assert scalars["val/accuracy"][-1][1] > 0.8
+    # StatsMonitor logs at each epoch end: its figures follow
+    assert [s for s, _ in scalars["stats/epoch_time"]] == [STEPS_PER_EPOCH, 2 * STEPS_PER_EPOCH]
+    assert {t.split("/")[0] for t in scalars} == {"loss", "lr", "train", "val", "stats"}
+
+
+def test_epoch_mode_writes_the_epoch_mean_loss_and_custom_functions(tmp_path):
+    seen_kwargs = []
+
+    def hat_style(writer, model_outs, step_id):  # HAT's tb_update_funcs signature
+        writer.add_scalar("custom/logit_mean", float(model_outs[1].detach().mean()), step_id)
+
+    def with_kwargs(writer, step_id, **kwargs):
+        seen_kwargs.append(sorted(kwargs))
+
+    board = TensorBoard(str(tmp_path / "tb"), update_by="epoch", update_freq=1, tb_update_funcs=[hat_style, with_kwargs])
+    trainer, recorder = _trainer(board, num_epochs=3)
+    trainer.fit()
+    scalars = _scalars(tmp_path / "tb")
+    ends = [STEPS_PER_EPOCH * (e + 1) for e in range(3)]
+    assert [s for s, _ in scalars["loss/cls_loss"]] == ends
+    for epoch, (_, value) in enumerate(scalars["loss/cls_loss"]):
+        in_epoch = [recorder.losses[s] for s in range(epoch * STEPS_PER_EPOCH, (epoch + 1) * STEPS_PER_EPOCH)]
+        assert value == pytest.approx(sum(in_epoch) / len(in_epoch), rel=1e-5)
+    assert [s for s, _ in scalars["custom/logit_mean"]] == ends
+    assert len(seen_kwargs) == 3 and {"epoch_id", "storage", "model_outs", "loop"} <= set(seen_kwargs[0])
+
+
+def test_overwrite_replaces_old_event_files_and_append_merges_them(tmp_path):
+    save_dir = tmp_path / "tb"
+    save_dir.mkdir()
+    (save_dir / "notes.txt").write_text("kept")
+    for _ in range(2):
+        _trainer(TensorBoard(str(save_dir), update_freq=23), num_epochs=1)[0].fit()
+    assert len(event_files(save_dir)) == 2  # overwrite=False: one file per run
+    assert [s for s, _ in read_scalars(save_dir)["loss/cls_loss"]] == [22]  # same steps: the later run's value
+    _trainer(TensorBoard(str(save_dir), overwrite=True, update_freq=23), num_epochs=1)[0].fit()
+    assert len(event_files(save_dir)) == 1
+    assert (save_dir / "notes.txt").read_text() == "kept"  # only event files are removed
+    assert os.path.isfile(save_dir / "notes.txt")
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(update_by="iter"), "update_by must be 'step' or 'epoch'"),
+    (dict(update_freq=0), "update_freq must be an integer >= 1"),
+    (dict(loss_name_reg="(loss"), "is not a valid regex"),
+    (dict(tb_update_funcs=["not a function"]), "tb_update_funcs[0] is a str"),
+    (dict(logdir="elsewhere"), "pass the directory as save_dir"),
+])
+def test_bad_arguments_name_the_argument(tmp_path, kwargs, message):
+    with pytest.raises((ValueError, TypeError)) as info:
+        TensorBoard(str(tmp_path), **kwargs)
+    assert message in str(info.value)
+
+
+def test_importing_the_callbacks_does_not_import_tensorboardx():
+    import subprocess
+    import sys
+
+    code = "import sys, hat_ignite.callbacks, hat_ignite.visualize; print('tensorboardX' in sys.modules, 'matplotlib' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "False"]
