@@ -1,5 +1,6 @@
 """Small models for the shipped configs and the tests."""
 
 from hat_ignite.models.mlp import MLPClassifier
+from hat_ignite.models.multitask_mlp import MultiTaskMLP
 
-__all__ = ["MLPClassifier"]
+__all__ = ["MLPClassifier", "MultiTaskMLP"]

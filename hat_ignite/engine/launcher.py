@@ -1,0 +1,208 @@
+"""`build_launcher`: start a training function in the processes its trainer type needs.
+
+All process management is Ignite's (``ignite.distributed.Parallel``) and torch.distributed's:
+
+* ``DistributedDataParallelTrainer``: one process per GPU of ``device_ids`` (NCCL), or
+  ``num_processes`` CPU processes (gloo), on each of ``nnodes`` nodes. Started under
+  ``torchrun`` (its ``RANK``/``WORLD_SIZE``/``MASTER_ADDR`` environment is present), the process
+  group is created from that environment and nothing is spawned.
+* ``Trainer`` / ``DataParallelTrainer`` (and anything else): the function runs in this process.
+
+The function is called HAT's way, as ``main_func(device, *args, **kwargs)``: ``device`` is this
+process's GPU id, the list of GPU ids for ``DataParallelTrainer``, or ``None`` on the CPU.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import logging
+import os
+import socket
+from typing import Any, Callable, Mapping, Sequence
+
+__all__ = ["build_launcher", "launch_distributed", "launch_local", "is_torchrun", "free_port", "DDP_TRAINERS"]
+
+logger = logging.getLogger(__name__)
+
+#: Trainer types launched with one process per device.
+DDP_TRAINERS = ("DistributedDataParallelTrainer",)
+
+#: Default collective timeout: long enough for a slow validation on rank 0, bounded all the same.
+DEFAULT_TIMEOUT_S = 1800.0
+
+_TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def is_torchrun(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether this process was started by ``torchrun`` (or another launcher setting its variables).
+
+    >>> is_torchrun({}), is_torchrun({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0",
+    ...                              "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"})
+    (False, True)
+    """
+    env = os.environ if environ is None else environ
+    return "TORCHELASTIC_RUN_ID" in env or all(var in env for var in _TORCHRUN_VARS)
+
+
+def free_port() -> int:
+    """A TCP port that is free on this host right now (for a single-node rendezvous)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _trainer_type(trainer: Any) -> str:
+    kind = trainer.get("type") if isinstance(trainer, Mapping) else trainer
+    if isinstance(kind, type):
+        return kind.__name__
+    return str(kind).replace(":", ".").rsplit(".", 1)[-1]
+
+
+def _entry(local_rank: int, main_func: Callable, device_ids: Sequence[int] | None, args: tuple, kwargs: dict) -> None:
+    """What each process runs: pick its device, then call ``main_func``.
+
+    CPU processes share the node's cores: unless ``OMP_NUM_THREADS`` says otherwise, each gets
+    ``cores // processes`` intra-op threads (torchrun's default is 1), so that the processes do
+    not oversubscribe the CPU.
+    """
+    import ignite.distributed as idist
+    import torch
+
+    device = None
+    if device_ids:
+        device = int(device_ids[local_rank])
+        torch.cuda.set_device(device)
+    elif "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // idist.get_nproc_per_node()))
+    main_func(device, *args, **kwargs)
+
+
+def launch_distributed(
+    main_func: Callable,
+    device_ids: Sequence[int] | None = None,
+    num_processes: int | None = None,
+    nnodes: int = 1,
+    node_rank: int = 0,
+    master_addr: str | None = None,
+    master_port: int | None = None,
+    backend: str | None = None,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    args: Sequence[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+) -> None:
+    """Run ``main_func(device, *args, **kwargs)`` in every process of a data-parallel job.
+
+    Args:
+        main_func: the training function; must be importable (a module-level function), since
+            the processes are started with the ``spawn`` method.
+        device_ids: this node's GPUs, one process each; ``None`` trains on the CPU.
+        num_processes: processes on this node for a CPU run (default 1); with ``device_ids``
+            it must be ``None`` or ``len(device_ids)``.
+        nnodes: number of nodes; each runs this function with its own ``node_rank``.
+        node_rank: this node's index in ``[0, nnodes)``.
+        master_addr: address of node 0 (default ``127.0.0.1`` on one node).
+        master_port: a free port on node 0 (default: one found free, on one node); all nodes
+            must give the same.
+        backend: ``"nccl"`` or ``"gloo"``; default NCCL with ``device_ids``, else gloo.
+        timeout: seconds a collective waits for a missing rank before failing the job.
+        args: positional arguments of ``main_func`` after ``device``.
+        kwargs: keyword arguments of ``main_func``.
+
+    A process that raises ends the job: the others are stopped and the error (with that
+    process's traceback) is raised here. Under ``torchrun`` the process group comes from its
+    environment and ``num_processes``/``nnodes``/``node_rank``/``master_*`` are ignored.
+    """
+    import ignite.distributed as idist
+
+    if device_ids is not None:
+        device_ids = [int(d) for d in device_ids]
+        if not device_ids:
+            raise ValueError("launch_distributed: device_ids is empty; give GPU ids or None for the CPU.")
+        if num_processes not in (None, len(device_ids)):
+            raise ValueError(
+                f"launch_distributed: one process per GPU: num_processes={num_processes} does not match "
+                f"device_ids={device_ids}; leave num_processes out."
+            )
+    backend = backend or ("nccl" if device_ids else "gloo")
+    pg_timeout = datetime.timedelta(seconds=float(timeout))
+    call_args = (main_func, device_ids, tuple(args), dict(kwargs or {}))
+    if is_torchrun():
+        # torchrun started us: join its process group; no process is spawned here.
+        idist.initialize(backend, timeout=pg_timeout)
+        try:
+            with idist.Parallel(backend=None) as parallel:
+                parallel.run(_entry, *call_args)
+        finally:
+            idist.finalize()
+        return
+    nproc = len(device_ids) if device_ids else int(num_processes or 1)
+    if nnodes > 1 and (master_addr is None or master_port is None):
+        raise ValueError(
+            f"launch_distributed: a {nnodes}-node run needs master_addr and master_port (node 0's "
+            f"address and a free port on it), the same on every node."
+        )
+    if master_port is None:
+        master_port = free_port()
+    with idist.Parallel(
+        backend=backend, nproc_per_node=nproc, nnodes=nnodes, node_rank=node_rank,
+        master_addr=master_addr or "127.0.0.1", master_port=int(master_port), timeout=pg_timeout,
+    ) as parallel:
+        parallel.run(_entry, *call_args)
+
+
+def launch_local(
+    main_func: Callable,
+    device_ids: Sequence[int] | None = None,
+    data_parallel: bool = False,
+    args: Sequence[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    **ignored: Any,
+) -> None:
+    """Run ``main_func(device, *args, **kwargs)`` in this process.
+
+    ``device`` is ``None`` without ``device_ids``, the list of ids when ``data_parallel``, else
+    the first id. Distributed options (``num_processes``, ``nnodes`` ...) are accepted so every
+    launcher takes the same call, and must describe a single process.
+
+    >>> launch_local(lambda device, x: print(device, x), args=(3,))
+    None 3
+    """
+    if (ignored.get("num_processes") or 1) > 1 or (ignored.get("nnodes") or 1) > 1:
+        raise ValueError(
+            "launch_local runs one process: num_processes/nnodes > 1 need the "
+            "DistributedDataParallelTrainer launcher."
+        )
+    device: Any = None
+    if device_ids:
+        device = [int(d) for d in device_ids] if data_parallel else int(device_ids[0])
+        if not data_parallel and len(device_ids) > 1:
+            raise ValueError(
+                f"one process trains on one GPU, but device_ids={list(device_ids)}: use "
+                f"DataParallelTrainer or DistributedDataParallelTrainer for several."
+            )
+    main_func(device, *args, **dict(kwargs or {}))
+
+
+def build_launcher(trainer: Mapping[str, Any] | str | type) -> Callable[..., None]:
+    """The launch function for a trainer config (or type name), HAT's ``build_launcher``.
+
+    Args:
+        trainer: the trainer's config dict (its ``type`` decides), a type name, or the class.
+
+    Returns:
+        :func:`launch_distributed` for ``DistributedDataParallelTrainer``; for the other
+        trainers a :func:`launch_local` that passes ``DataParallelTrainer`` the list of GPU ids.
+        Call it as ``launch(main_func, device_ids=..., num_processes=..., args=(...))``.
+
+    >>> build_launcher({"type": "DistributedDataParallelTrainer"}).__name__
+    'launch_distributed'
+    >>> build_launcher("Trainer").__name__
+    'launch_local'
+    """
+    kind = _trainer_type(trainer)
+    if kind in DDP_TRAINERS:
+        return launch_distributed
+    if kind == "DataParallelTrainer":
+        return functools.partial(launch_local, data_parallel=True)
+    return launch_local

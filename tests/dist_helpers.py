@@ -1,0 +1,117 @@
+"""Pieces the distributed tests load into their worker processes (importable as ``dist_helpers``).
+
+* ``DumpParams``: a callback writing each rank's final parameters to ``params_rank{r}.pt``;
+* ``FailingMLP``: the digits MLP, raising on one rank at one training step;
+* ``python tests/dist_helpers.py allreduce OUT_DIR``: trains DDP models in two gloo processes
+  with a comm hook counting all-reduces, for ``delay_sync`` and gradient accumulation on and off,
+  and writes the counts and final parameters to ``OUT_DIR/allreduce.pt``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+from hat_ignite.callbacks.base import CallbackMixin
+from hat_ignite.models.mlp import MLPClassifier
+
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+
+
+class DumpParams(CallbackMixin):
+    """Save this rank's parameters at loop end to ``out_dir/params_rank{rank}.pt``."""
+
+    def __init__(self, out_dir: str) -> None:
+        self.out_dir = out_dir
+
+    def on_loop_end(self, model, **kwargs) -> None:
+        import ignite.distributed as idist
+
+        os.makedirs(self.out_dir, exist_ok=True)
+        state = {k: v.detach().clone() for k, v in _unwrap(model).state_dict().items()}
+        torch.save(state, os.path.join(self.out_dir, f"params_rank{idist.get_rank()}.pt"))
+
+
+class FailingMLP(MLPClassifier):
+    """An MLPClassifier that raises at training forward number ``fail_step`` on rank ``fail_rank``."""
+
+    def __init__(self, fail_rank: int = 1, fail_step: int = 2, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.fail_rank, self.fail_step, self.calls = fail_rank, fail_step, 0
+
+    def forward(self, data, labels=None):
+        import ignite.distributed as idist
+
+        if self.training:
+            if idist.get_rank() == self.fail_rank and self.calls == self.fail_step:
+                raise RuntimeError(f"injected failure on rank {self.fail_rank} at step {self.fail_step}")
+            self.calls += 1
+        return super().forward(data, labels)
+
+
+def _train_counting(delay_sync: bool, accumulation: int, num_batches: int) -> tuple[int, dict]:
+    """Train a DDP digits MLP for 4 steps of ``num_batches`` sub-batches; count the all-reduces."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    from torch.utils.data import DataLoader, Subset
+
+    from hat_ignite.data.digits import DigitsDataset
+    from hat_ignite.engine import DistributedDataParallelTrainer, MultiBatchProcessor, collect_loss_by_index
+
+    torch.manual_seed(0)
+    dataset = Subset(DigitsDataset("train"), range(256))
+    loader = DataLoader(dataset, batch_size=8, shuffle=False)
+
+    class Split:
+        """Each loader batch as a tuple of ``num_batches`` sub-batches (one step, many batches)."""
+
+        def __init__(self, inner):
+            self.inner, self.sampler = inner, inner.sampler
+
+        def __len__(self):
+            return len(self.inner) // num_batches
+
+        def __iter__(self):
+            it = iter(self.inner)
+            for _ in range(len(self)):
+                yield tuple(next(it) for _ in range(num_batches))
+
+    model = MLPClassifier(in_features=64, hidden_features=16, num_classes=10)
+    trainer = DistributedDataParallelTrainer(
+        model=model, data_loader=loader, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), device=None,
+        batch_processor=MultiBatchProcessor(
+            need_grad_update=True, delay_sync=delay_sync, grad_accumulation_step=accumulation,
+            loss_collector=collect_loss_by_index(0),
+        ),
+        stop_by="step", num_steps=4, find_unused_parameters=False,
+    )
+    trainer.data_loader = Split(trainer.data_loader)  # the DistributedSampler stays inside
+    count = [0]
+
+    def counting_hook(state, bucket):
+        count[0] += 1
+        return allreduce_hook(state, bucket)
+
+    trainer.model.register_comm_hook(None, counting_hook)
+    trainer.fit()
+    return count[0], {k: v.detach().clone() for k, v in _unwrap(trainer.model).state_dict().items()}
+
+
+def allreduce_main(device, out_dir: str) -> None:
+    import ignite.distributed as idist
+
+    results = {}
+    for name, delay_sync, accumulation in (("sync", False, 1), ("delay", True, 1), ("accum", True, 2)):
+        results[name] = _train_counting(delay_sync, accumulation, num_batches=3)
+    if idist.get_rank() == 0:
+        torch.save(results, os.path.join(out_dir, "allreduce.pt"))
+
+
+if __name__ == "__main__":
+    from hat_ignite.engine.launcher import launch_distributed
+
+    if sys.argv[1] == "allreduce":
+        launch_distributed(allreduce_main, num_processes=2, timeout=60, args=(sys.argv[2],))
