@@ -1,0 +1,132 @@
+"""Chaining stages: ``float`` -> ``calibration`` -> (``qat``) -> ``int_infer``.
+
+A stage's inputs are the files its config loads with ``LoadCheckpoint`` (anywhere in the stage's
+config, usually in ``model_convert_pipeline``). A stage's outputs are ``{stage}_checkpoint`` (the
+best checkpoint a trainer writes) and, for a predictor, ``{stage}_model``: the converted model
+saved as a ``torch.export`` program. The stage that makes a file is found from those keys, so a
+missing input fails before anything is built, naming the file and the command that writes it.
+
+Every finished stage records its lineage in ``lineage.json`` in the work dir, under the stage
+name: the command, the config and the SHA-256 of its resolved copy, and the path and SHA-256 of
+each input and output file, so ``lineage[stage]["inputs"]`` can be matched against the outputs of
+the stage before it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from hat_ignite.cli.common import CliError, write_metrics
+from hat_ignite.config import Config
+
+__all__ = ["LINEAGE_FILE", "stage_inputs", "producer", "check_stage_inputs", "save_stage_model", "record_lineage"]
+
+logger = logging.getLogger("hat_ignite.cli.stages")
+
+#: The lineage file in the work dir.
+LINEAGE_FILE = "lineage.json"
+_OUTPUT_SUFFIXES = ("_checkpoint", "_model")
+
+
+def _is_load_checkpoint(node: Mapping[str, Any]) -> bool:
+    kind = node.get("type")
+    name = kind if isinstance(kind, str) else getattr(kind, "__name__", "")
+    return name.rsplit(".", 1)[-1].rsplit(":", 1)[-1] == "LoadCheckpoint"
+
+
+def stage_inputs(node: Any) -> list[str]:
+    """The ``checkpoint_path`` of every ``LoadCheckpoint`` config inside ``node``, in order.
+
+    >>> stage_inputs({"type": "Trainer", "model_convert_pipeline": [
+    ...     {"type": "LoadCheckpoint", "checkpoint_path": "a.pth.tar"}, {"type": "Calibration2QAT"}]})
+    ['a.pth.tar']
+    """
+    found: list[str] = []
+    if isinstance(node, Mapping):
+        if _is_load_checkpoint(node) and isinstance(node.get("checkpoint_path"), str):
+            found.append(node["checkpoint_path"])
+        for value in node.values():
+            found.extend(p for p in stage_inputs(value) if p not in found)
+    elif isinstance(node, (list, tuple)):
+        for value in node:
+            found.extend(p for p in stage_inputs(value) if p not in found)
+    return found
+
+
+def producer(cfg: Config, path: str) -> str | None:
+    """The stage whose ``{stage}_checkpoint`` / ``{stage}_model`` key names ``path``, if any."""
+    target = os.path.abspath(path)
+    for key in cfg.keys():
+        for suffix in _OUTPUT_SUFFIXES:
+            value = cfg.get(key)
+            if key.endswith(suffix) and isinstance(value, str) and os.path.abspath(value) == target:
+                return key[: -len(suffix)]
+    return None
+
+
+def check_stage_inputs(cfg: Config, stage: str, stage_key: str, config_path: str) -> list[str]:
+    """Fail fast when a file the stage loads is missing; return the absolute input paths.
+
+    Raises:
+        CliError: names the missing file, the stage that needs it and the command writing it.
+    """
+    inputs = [os.path.abspath(p) for p in stage_inputs(cfg[stage_key])]
+    for path in inputs:
+        if os.path.isfile(path):
+            continue
+        maker = producer(cfg, path)
+        if maker is None:
+            how = "Fix the LoadCheckpoint checkpoint_path in the config or pass it with --opts."
+        else:
+            command = "hat-train" if f"{maker}_trainer" in cfg.keys() else "hat-predict"
+            how = (
+                f"It is written by stage {maker!r}: run `{command} {config_path} --stage {maker}` first "
+                f"(with the same --work-dir / --opts)."
+            )
+        raise CliError(f"stage {stage!r} ({stage_key}) needs {path}, which does not exist. {how}")
+    return inputs
+
+
+def save_stage_model(cfg: Config, stage: str, engine: Any) -> str | None:
+    """Save a predictor stage's model to ``{stage}_model`` as a ``torch.export`` program.
+
+    The model is exported on the first batch of the engine's data loader. Returns the path, or
+    ``None`` when the config names no ``{stage}_model``.
+    """
+    path = cfg.get(f"{stage}_model")
+    if not path:
+        return None
+    from hat_ignite.quantization.io import save_quantized_model
+
+    batch = next(iter(engine.data_loader))
+    saved = save_quantized_model(engine.model, path, batch)
+    logger.info("saved the %s model to %s", stage, saved)
+    return saved
+
+
+def _entry(path: str) -> dict[str, Any]:
+    from hat_ignite.quantization.io import file_sha256
+
+    path = os.path.abspath(path)
+    return {"path": path, "sha256": file_sha256(path)} if os.path.isfile(path) else {"path": path, "sha256": None}
+
+
+def record_lineage(
+    work_dir: str, stage: str, command: str, config: str, resolved_config: str, inputs: list[str], outputs: list[str],
+) -> dict[str, Any]:
+    """Write the stage's lineage into ``work_dir/lineage.json`` (other stages are kept)."""
+    record = {
+        "stage": stage,
+        "command": command,
+        "config": config,
+        "resolved_config": _entry(resolved_config),
+        "inputs": [_entry(p) for p in inputs],
+        "outputs": [_entry(p) for p in outputs if p],
+        "finished": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+    write_metrics(os.path.join(work_dir, LINEAGE_FILE), stage, record)
+    return record

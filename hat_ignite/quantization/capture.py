@@ -1,0 +1,225 @@
+"""Graph capture for quantization: example batches, submodule inputs, and ``torch.export``.
+
+The converters export a model (or the submodules named in ``modules``) with the inputs they
+really receive on an example batch: the model runs once in eval mode, forward pre-hooks record
+each target's arguments, and each target is exported with its batch dimension dynamic. When
+``torch.export`` fails, :func:`export_module` looks for the innermost submodule that fails on its
+own and names it, with the source line torch reports, in a :class:`QuantizationError`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from hat_ignite.errors import QuantizationError
+
+__all__ = ["example_batch", "model_args", "capture_inputs", "export_module"]
+
+Captured = tuple[tuple[Any, ...], dict[str, Any]]
+
+
+def example_batch(example_inputs: Any, example_data_loader: Any, who: str) -> Any:
+    """The batch to trace with: ``example_inputs``, else the first batch of ``example_data_loader``.
+
+    Raises:
+        QuantizationError: neither is given, or the loader yields nothing.
+    """
+    if example_inputs is not None:
+        return example_inputs
+    if example_data_loader is None:
+        raise QuantizationError(
+            f"{who}: give example_inputs (a batch as the batch processor passes it to the model) or "
+            f"example_data_loader (its first batch is used); torch.export needs real inputs to trace."
+        )
+    if isinstance(example_data_loader, Mapping) and "type" in example_data_loader:
+        from hat_ignite.registry import build_from_cfg
+
+        example_data_loader = build_from_cfg(example_data_loader, key_path=f"{who}.example_data_loader")
+    if not isinstance(example_data_loader, Iterable):
+        raise QuantizationError(f"{who}: example_data_loader is a {type(example_data_loader).__name__}, not an iterable of batches.")
+    for batch in example_data_loader:
+        return batch
+    raise QuantizationError(f"{who}: example_data_loader yielded no batch; give a non-empty loader or example_inputs.")
+
+
+def model_args(batch: Any) -> tuple[Any, ...]:
+    """How the batch processors call the model: a list/tuple batch is unpacked, anything else passed whole.
+
+    >>> model_args((1, 2)), model_args({"img": 0})
+    ((1, 2), ({'img': 0},))
+    """
+    return tuple(batch) if isinstance(batch, (list, tuple)) else (batch,)
+
+
+def _resolve(model: nn.Module, names: list[str], who: str) -> dict[str, nn.Module]:
+    found = dict(model.named_modules())
+    out = {}
+    for name in names:
+        if name not in found:
+            children = sorted(n for n in found if n)[:12]
+            raise QuantizationError(
+                f"{who}: modules names {name!r}, which {type(model).__name__} does not have. Its "
+                f"submodules include {children}; use dotted paths from model.named_modules()."
+            )
+        out[name] = found[name]
+    return out
+
+
+@torch.no_grad()
+def capture_inputs(model: nn.Module, batch: Any, names: list[str], who: str) -> dict[str, Captured]:
+    """Run ``model`` in eval mode on ``batch`` and record the arguments each named submodule gets.
+
+    ``""`` names the model itself. The model's train/eval flags are restored afterwards.
+
+    Raises:
+        QuantizationError: a name is not a submodule, or a named submodule never ran.
+    """
+    targets = _resolve(model, names, who)
+    captured: dict[str, Captured] = {}
+    handles = []
+    for name, module in targets.items():
+        def hook(mod: nn.Module, args: tuple, kwargs: dict, _name: str = name) -> None:
+            captured.setdefault(_name, (args, kwargs))
+
+        handles.append(module.register_forward_pre_hook(hook, with_kwargs=True))
+    modes = {m: m.training for m in model.modules()}
+    try:
+        model.eval()
+        model(*model_args(batch))
+    except QuantizationError:
+        raise
+    except Exception as exc:
+        raise QuantizationError(
+            f"{who}: the model failed on the example batch before tracing ({type(exc).__name__}: "
+            f"{exc}). Give example inputs the model accepts in eval mode."
+        ) from exc
+    finally:
+        for handle in handles:
+            handle.remove()
+        for module, training in modes.items():
+            module.training = training
+    silent = [n for n in names if n not in captured]
+    if silent:
+        raise QuantizationError(
+            f"{who}: {silent} never ran when the model ran on the example batch in eval mode, so "
+            f"there is nothing to trace. Name submodules the forward calls."
+        )
+    return captured
+
+
+def _dynamic_batch(value: Any) -> Any:
+    """A dynamic-shapes spec mirroring ``value``: dim 0 of every tensor may vary."""
+    from torch.export import Dim
+
+    if isinstance(value, torch.Tensor):
+        return {0: Dim.AUTO} if value.dim() else None
+    if isinstance(value, Mapping):
+        return {k: _dynamic_batch(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_dynamic_batch(v) for v in value)
+    return None
+
+
+def _spec(module: nn.Module, args: tuple, kwargs: dict) -> dict[str, Any] | None:
+    try:
+        bound = inspect.signature(module.forward).bind(*args, **kwargs)
+    except (TypeError, ValueError):
+        return None
+    return {name: _dynamic_batch(value) for name, value in bound.arguments.items()}
+
+
+def _source_line(exc: BaseException) -> str:
+    """The last user-code location torch reports in an export error, if any."""
+    frames = re.findall(r'File "([^"]+)", line (\d+), in (\w+)\n\s*(.+)', str(exc))
+    own = [f for f in frames if "/torch/" not in f[0]]
+    if not own:
+        return ""
+    path, line, func, code = own[-1]
+    return f" at {path}:{line} in {func}: `{code.strip()}`"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), type(exc).__name__)
+    return f"{type(exc).__name__}: {line[:300]}"
+
+
+def _try_export(module: nn.Module, args: tuple, kwargs: dict) -> tuple[Any, BaseException | None]:
+    try:
+        program = torch.export.export(module, args, kwargs, dynamic_shapes=_spec(module, args, kwargs), strict=False)
+    except Exception as exc:  # any capture failure; the caller reports it
+        return None, exc
+    return program, None
+
+
+def _culprit(module: nn.Module, args: tuple, kwargs: dict, path: str, exc: BaseException) -> tuple[str, nn.Module, BaseException]:
+    """The innermost submodule of ``module`` that fails to export on its own inputs."""
+    children = [(f"{path}.{n}" if path else n, c) for n, c in module.named_children()]
+    if not children:
+        return path, module, exc
+    try:
+        inputs = _child_inputs(module, args, kwargs)
+    except Exception:
+        return path, module, exc
+    for (child_path, child), (name, _) in zip(children, module.named_children()):
+        if name not in inputs:
+            continue
+        child_args, child_kwargs = inputs[name]
+        _, child_exc = _try_export(child, child_args, child_kwargs)
+        if child_exc is not None:
+            return _culprit(child, child_args, child_kwargs, child_path, child_exc)
+    return path, module, exc
+
+
+@torch.no_grad()
+def _child_inputs(module: nn.Module, args: tuple, kwargs: dict) -> dict[str, Captured]:
+    captured: dict[str, Captured] = {}
+    handles = []
+    for name, child in module.named_children():
+        def hook(mod: nn.Module, a: tuple, k: dict, _name: str = name) -> None:
+            captured.setdefault(_name, (a, k))
+
+        handles.append(child.register_forward_pre_hook(hook, with_kwargs=True))
+    try:
+        module(*args, **kwargs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return captured
+
+
+def export_module(module: nn.Module, args: tuple, kwargs: dict, path: str, who: str) -> torch.export.ExportedProgram:
+    """``torch.export`` ``module`` on its captured inputs, batch dimension dynamic.
+
+    Args:
+        module: the module to export (in the mode it should be captured in).
+        args: its positional inputs.
+        kwargs: its keyword inputs.
+        path: its dotted path in the model (``""`` for the model), named in errors.
+        who: the converter, named in errors.
+
+    Raises:
+        QuantizationError: export failed; names the innermost submodule that fails on its own,
+            the error torch gave and the source line it points to.
+    """
+    program, exc = _try_export(module, args, kwargs)
+    if exc is None:
+        return program
+    culprit_path, culprit, culprit_exc = _culprit(module, args, kwargs, path, exc)
+    where = repr(path) if path else "the model"
+    inner = (
+        f" The innermost failing submodule is {culprit_path!r} ({type(culprit).__name__})"
+        if culprit is not module else f" It fails in {type(module).__name__}.forward itself"
+    )
+    raise QuantizationError(
+        f"{who}: torch.export cannot capture {where} ({type(module).__name__}).{inner}: "
+        f"{_first_line(culprit_exc)}{_source_line(culprit_exc)}. Make that code traceable (no "
+        f"data-dependent Python branches, .item(), .numpy() or prints of tensors in forward), or "
+        f"leave it in float: name only the traceable submodules in modules=[...]."
+    ) from culprit_exc

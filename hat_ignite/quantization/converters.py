@@ -1,0 +1,271 @@
+"""HAT's model converters over torchao's PT2E flow: float -> calibration -> QAT -> int8.
+
+Each converter is a small callable ``model -> model`` for ``model_convert_pipeline``:
+
+======================  =======================================================================
+converter               does
+======================  =======================================================================
+Float2Calibration       ``torch.export`` the model (or ``modules``) in training mode, then
+                        ``prepare_qat_pt2e`` with the X86 inductor quantizer (conv+BN folded
+                        into the QAT pattern), in the *calibration* stage
+Float2QAT               the same, in the *qat* stage (QAT without calibrating first)
+Calibration2QAT         switch prepared modules from calibration to QAT
+QAT2Quantize            ``convert_pt2e``: int8 weights, quantize/dequantize around the ops
+Calibration2Quantize    the same converter under HAT's name for the calibration -> int8 path
+======================  =======================================================================
+
+Calibration and QAT share one prepared structure (fake-quantize modules with observers), so a
+calibrated model goes on to QAT with its calibrated ranges, and a checkpoint of either stage
+loads into the model prepared again (see :class:`~.prepared.PreparedModule`).
+torchao is imported only when a converter runs.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Sequence
+
+from torch import nn
+
+from hat_ignite.errors import QuantizationError
+from hat_ignite.quantization.capture import capture_inputs, example_batch, export_module
+from hat_ignite.quantization.prepared import PreparedModule, prepared_modules
+
+__all__ = [
+    "default_quantizer",
+    "Float2Calibration",
+    "Float2QAT",
+    "Calibration2QAT",
+    "QAT2Quantize",
+    "Calibration2Quantize",
+]
+
+logger = logging.getLogger(__name__)
+
+
+def default_quantizer(reduce_range: bool = False) -> Any:
+    """torchao's ``X86InductorQuantizer`` with its default QAT config (int8 per-channel weights,
+    uint8 per-tensor activations). ``reduce_range=True`` uses 7-bit activations for CPUs without VNNI."""
+    from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import (
+        X86InductorQuantizer,
+        get_default_x86_inductor_quantization_config,
+    )
+
+    config = get_default_x86_inductor_quantization_config(is_qat=True, reduce_range=reduce_range)
+    return X86InductorQuantizer().set_global(config)
+
+
+def _replace(model: nn.Module, old: nn.Module, new: nn.Module) -> nn.Module:
+    """Put ``new`` where ``old`` is inside ``model`` (or return ``new`` when ``old`` is the model)."""
+    if old is model:
+        return new
+    for name, module in model.named_modules():
+        for child_name, child in module.named_children():
+            if child is old:
+                setattr(module, child_name, new)
+                return model
+    raise QuantizationError(f"internal: {type(old).__name__} is not inside {type(model).__name__}.")
+
+
+def _set_child(model: nn.Module, path: str, new: nn.Module) -> nn.Module:
+    if not path:
+        return new
+    parent_path, _, leaf = path.rpartition(".")
+    setattr(model.get_submodule(parent_path) if parent_path else model, leaf, new)
+    return model
+
+
+class _Prepare:
+    """Export and prepare a float model (or the submodules named in ``modules``)."""
+
+    stage = "calibration"
+
+    def __init__(
+        self,
+        example_inputs: Any = None,
+        example_data_loader: Any = None,
+        modules: Sequence[str] | None = None,
+        quantizer: Any = None,
+        reduce_range: bool = False,
+    ) -> None:
+        if isinstance(modules, str):
+            modules = [modules]
+        self.example_inputs = example_inputs
+        self.example_data_loader = example_data_loader
+        self.modules = list(modules) if modules else [""]
+        self.quantizer = quantizer
+        self.reduce_range = reduce_range
+
+    def __call__(self, model: nn.Module) -> nn.Module:
+        who = type(self).__name__
+        if not isinstance(model, nn.Module):
+            raise QuantizationError(f"{who}: expected a torch.nn.Module, got {type(model).__name__}.")
+        already = prepared_modules(model)
+        if already:
+            raise QuantizationError(
+                f"{who}: the model is already prepared ({already[0].where()} is in stage "
+                f"{already[0].stage!r}). Prepare a float model once; use Calibration2QAT or "
+                f"QAT2Quantize to move a prepared model on."
+            )
+        from torchao.quantization.pt2e.quantize_pt2e import prepare_qat_pt2e
+
+        batch = example_batch(self.example_inputs, self.example_data_loader, who)
+        captured = capture_inputs(model, batch, self.modules, who)
+        quantizer = self.quantizer if self.quantizer is not None else default_quantizer(self.reduce_range)
+        for path in self.modules:
+            module = model.get_submodule(path) if path else model
+            args, kwargs = captured[path]
+            modes = {m: m.training for m in module.modules()}
+            module.train()  # prepare_qat_pt2e works on the training graph (BN folding, dropout)
+            try:
+                program = export_module(module, args, kwargs, path, who)
+            finally:
+                for m, training in modes.items():
+                    m.training = training
+            try:
+                graph = prepare_qat_pt2e(program.module(), quantizer)
+            except Exception as exc:
+                raise QuantizationError(
+                    f"{who}: the quantizer could not prepare {path or 'the model'!r} "
+                    f"({type(module).__name__}): {type(exc).__name__}: {exc}"
+                ) from exc
+            prepared = PreparedModule(graph, self.stage, path, graph_training=True)
+            prepared.initialize_shapes(args, kwargs)
+            prepared.train(module.training)
+            model = _set_child(model, path, prepared)
+            logger.info("%s: prepared %s (%s) for int8, stage %s.", who, path or "the model", type(module).__name__, self.stage)
+        return model
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(modules={self.modules!r})"
+
+
+class Float2Calibration(_Prepare):
+    """Float model -> calibration model: observers record activation ranges, nothing is quantized yet.
+
+    The model runs once in eval mode on an example batch to record what each target module
+    receives; each target is exported with ``torch.export`` (batch dimension dynamic) and
+    prepared with ``prepare_qat_pt2e``. Calibrate it with a
+    :class:`~hat_ignite.engine.calibrator.Calibrator`; in eval mode outside calibration it
+    runs fake-quantized, which is what validation measures.
+
+    Args:
+        example_inputs: a batch exactly as the batch processor passes it (a list/tuple batch is
+            unpacked into the call, anything else passed whole).
+        example_data_loader: a loader (or its config) whose first batch is used instead.
+        modules: dotted names of the submodules to quantize (``None``: the whole model). Models
+            that compute their loss in ``forward`` (HAT's convention) name their network here and
+            keep the loss in float.
+        quantizer: a torchao PT2E ``Quantizer`` (default :func:`default_quantizer`).
+        reduce_range: use 7-bit activations (for CPUs without VNNI), default quantizer only.
+
+    Example:
+        >>> import torch
+        >>> from hat_ignite.models import MLPClassifier
+        >>> model = MLPClassifier(in_features=4, hidden_features=8, num_classes=3)
+        >>> model = Float2Calibration(example_inputs=torch.rand(5, 4), modules=["net"])(model)
+        >>> type(model.net).__name__, model.net.stage
+        ('PreparedModule', 'calibration')
+        >>> tuple(model.eval()(torch.rand(7, 4)).shape)   # any batch size
+        (7, 3)
+    """
+
+    stage = "calibration"
+
+
+class Float2QAT(_Prepare):
+    """Float model -> QAT model (fake quantization in training), without calibrating first.
+
+    Takes :class:`Float2Calibration`'s arguments. The observers start from the first training
+    batches; calibrating first (``Float2Calibration`` then ``Calibration2QAT``) usually starts
+    QAT closer to the float accuracy.
+    """
+
+    stage = "qat"
+
+
+def _require_prepared(model: nn.Module, who: str, fix: str) -> list[PreparedModule]:
+    mods = prepared_modules(model)
+    if not mods:
+        raise QuantizationError(
+            f"{who}: {type(model).__name__} was never prepared for quantization (it has no module "
+            f"made by Float2Calibration or Float2QAT). {fix}"
+        )
+    done = [m for m in mods if m.stage == "quantized"]
+    if done:
+        raise QuantizationError(f"{who}: {done[0].where()} is already an int8 model; there is nothing left to convert.")
+    return mods
+
+
+class Calibration2QAT:
+    """Calibration model -> QAT model: keep the calibrated ranges, train through fake quantization.
+
+    Put it after ``Float2Calibration`` and the ``LoadCheckpoint`` of the calibration checkpoint.
+
+    Raises:
+        QuantizationError: the model was never prepared, or is already int8.
+    """
+
+    def __call__(self, model: nn.Module) -> nn.Module:
+        for m in _require_prepared(
+            model, "Calibration2QAT",
+            "Put Float2Calibration (and LoadCheckpoint of the calibration checkpoint) before "
+            "Calibration2QAT, or use Float2QAT on a float model.",
+        ):
+            m.stage = "qat"
+            m._applied = None
+        return model
+
+    def __repr__(self) -> str:
+        return "Calibration2QAT()"
+
+
+def _drop_unused_weights(graph: nn.Module) -> int:
+    """Delete parameters and buffers the converted graph no longer reads (the float weights)."""
+    used = {node.target for node in graph.graph.nodes if node.op == "get_attr"}
+    dropped = 0
+    for kind in ("parameters", "buffers"):
+        for name, _ in list(getattr(graph, f"named_{kind}")()):
+            if name not in used:
+                owner_path, _, leaf = name.rpartition(".")
+                owner = graph.get_submodule(owner_path) if owner_path else graph
+                delattr(owner, leaf)
+                dropped += 1
+    graph.delete_all_unused_submodules()
+    return dropped
+
+
+class QAT2Quantize:
+    """Calibrated or QAT model -> int8 model with torchao's ``convert_pt2e``.
+
+    Weights become int8 tensors (per-channel scales), activations are quantized to uint8 around
+    each quantized op; the float weights are dropped. The result runs on the CPU as is (reference
+    quantize/dequantize ops); ``torch.compile`` lowers it to int8 kernels.
+
+    Raises:
+        QuantizationError: the model was never prepared, or is already int8.
+    """
+
+    def __call__(self, model: nn.Module) -> nn.Module:
+        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e
+
+        who = type(self).__name__
+        for m in _require_prepared(
+            model, who, "Put Float2Calibration (or Float2QAT) and the LoadCheckpoint of the "
+            "calibration or QAT checkpoint before it.",
+        ):
+            m.eval()
+            m.observing = False
+            m._apply()  # graph in eval mode, observers frozen
+            m.refresh_qparams()
+            converted = convert_pt2e(m.graph)
+            _drop_unused_weights(converted)
+            model = _replace(model, m, PreparedModule(converted, "quantized", m.qname, graph_training=False).eval())
+        return model.eval()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+class Calibration2Quantize(QAT2Quantize):
+    """Calibration model -> int8 model (post-training quantization); see :class:`QAT2Quantize`."""

@@ -1,0 +1,125 @@
+"""Saving and loading int8 models as ``torch.export`` programs, and measuring them.
+
+An int8 model is saved whole, in eval mode, with :func:`torch.export.save` (a ``.pt2`` archive:
+graph, int8 weights and quantization parameters, no pickled Python objects), written crash-safely
+next to the destination and renamed into place. :func:`load_quantized_model` gives back a module
+that computes the same outputs, in a fresh process, without the model's Python code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from typing import Any, Union
+
+import torch
+from torch import nn
+
+from hat_ignite.errors import CheckpointError
+from hat_ignite.quantization.capture import export_module, model_args
+
+__all__ = ["save_quantized_model", "load_quantized_model", "file_sha256", "tensor_bytes"]
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+def file_sha256(path: PathLike) -> str:
+    """SHA-256 (hex) of a file's bytes.
+
+    >>> import tempfile
+    >>> with tempfile.NamedTemporaryFile(delete=False) as f:
+    ...     _ = f.write(b"abc")
+    >>> file_sha256(f.name)[:16]
+    'ba7816bf8f01cfea'
+    """
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def tensor_bytes(model: nn.Module) -> int:
+    """Bytes of every tensor a model holds: parameters, buffers and plain tensor attributes
+    (where a converted graph keeps its int8 weights), each counted once.
+
+    >>> tensor_bytes(nn.Linear(4, 2))   # 8 weights + 2 biases, float32
+    40
+    """
+    seen: dict[int, int] = {}
+    for module in model.modules():
+        for value in list(module._parameters.values()) + list(module._buffers.values()) + list(vars(module).values()):
+            if isinstance(value, torch.Tensor):
+                seen[id(value)] = value.numel() * value.element_size()
+    return sum(seen.values())
+
+
+def save_quantized_model(model: nn.Module, path: PathLike, example_inputs: Any) -> str:
+    """Export ``model`` in eval mode on ``example_inputs`` and save the program to ``path``.
+
+    Args:
+        model: the model, usually after ``QAT2Quantize`` (a float model saves too).
+        path: the ``.pt2`` file to write; its directory is created.
+        example_inputs: one batch as the batch processor passes it (batch size may vary later).
+
+    Returns:
+        The absolute path written.
+
+    Raises:
+        QuantizationError: the model cannot be exported (names the module and the op).
+        CheckpointError: the file cannot be written.
+    """
+    path = os.path.abspath(os.fspath(path))
+    directory = os.path.dirname(path)
+    os.makedirs(directory, exist_ok=True)
+    modes = {m: m.training for m in model.modules()}
+    model.eval()
+    try:
+        program = export_module(model, model_args(example_inputs), {}, "", "save_quantized_model")
+    finally:
+        for m, training in modes.items():
+            m.training = training
+    from hat_ignite.callbacks.checkpoint_io import atomic_link
+
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp.pt2", dir=directory)
+    os.close(fd)
+    try:
+        torch.export.save(program, tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        atomic_link(tmp, path)
+    except OSError as exc:
+        raise CheckpointError(f"Could not write the int8 model {path}: {exc}. Check free space and permissions.") from exc
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return path
+
+
+def load_quantized_model(path: PathLike) -> nn.Module:
+    """Load a model saved by :func:`save_quantized_model`; ``eval()`` / ``train()`` work on it.
+
+    Raises:
+        CheckpointError: the file is missing or is not a saved program; names the path.
+    """
+    path = os.path.abspath(os.fspath(path))
+    if not os.path.isfile(path):
+        raise CheckpointError(
+            f"int8 model {path} does not exist. It is written by the int_infer stage "
+            f"(hat-predict CONFIG --stage int_infer) or by save_quantized_model()."
+        )
+    import torchao.quantization.pt2e  # noqa: F401  (registers the quantize/dequantize ops)
+    from torchao.quantization.pt2e import allow_exported_model_train_eval
+
+    try:
+        program = torch.export.load(path)
+    except Exception as exc:  # torch raises many types for bad archives
+        raise CheckpointError(
+            f"Cannot load the int8 model {path}: {type(exc).__name__}: {str(exc).strip()[:300]}. It is "
+            f"not a complete torch.export archive; write it again with save_quantized_model()."
+        ) from exc
+    module = program.module()
+    allow_exported_model_train_eval(module)
+    module.eval()
+    return module

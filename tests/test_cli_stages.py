@@ -1,0 +1,72 @@
+"""The real CLI path: float -> calibration -> qat -> int_infer on digits, lineage, fail-fast inputs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import DIGITS_CONFIG, run_tool
+
+FLOAT_OPTS = ["float_trainer.num_epochs=8", "float_trainer.callbacks[1].lr_decay_id=[5,7]"]
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory):
+    work = tmp_path_factory.mktemp("stages") / "work"
+    runs = {}
+    for tool, stage, opts in (
+        ("hat-train", "float", FLOAT_OPTS), ("hat-train", "calibration", []),
+        ("hat-train", "qat", []), ("hat-predict", "int_infer", []),
+    ):
+        extra = ["--opts", *opts] if opts else []
+        out = run_tool(tool, DIGITS_CONFIG, "--stage", stage, "--work-dir", work, *extra, cwd=work.parent, timeout=300)
+        assert out.returncode == 0, f"{stage}: {out.stderr[-3000:]}"
+        runs[stage] = out
+    metrics = json.loads((work / "metrics.json").read_text())
+    lineage = json.loads((work / "lineage.json").read_text())
+    return work, metrics, lineage
+
+
+def test_int8_stages_keep_the_float_accuracy(chain):
+    _, metrics, _ = chain
+    float_acc = metrics["float_train"]["best"]["value"]
+    calibration_acc = metrics["calibration_train"]["val_metrics"]["accuracy"]
+    qat_acc = metrics["qat_train"]["best"]["value"]
+    int8_acc = metrics["int_infer_predict"]["metrics"]["accuracy"]
+    assert float_acc >= 0.95
+    assert calibration_acc >= float_acc - 0.01
+    assert qat_acc >= float_acc - 0.005
+    assert int8_acc >= float_acc - 0.01
+
+
+def test_each_stage_records_its_lineage(chain):
+    work, _, lineage = chain
+    assert list(lineage) == ["calibration", "float", "int_infer", "qat"]
+    for prev, stage in (("float", "calibration"), ("calibration", "qat"), ("qat", "int_infer")):
+        assert lineage[stage]["inputs"] == lineage[prev]["outputs"], stage  # path and sha256 of the file
+        assert lineage[stage]["resolved_config"]["sha256"]
+    assert lineage["int_infer"]["outputs"][0]["path"] == str(work / "checkpoints" / "int_infer-model.pt2")
+
+
+def test_saved_int8_model_reloads_with_the_reported_accuracy(chain):
+    from hat_ignite.data import DigitsDataset
+    from hat_ignite.quantization import load_quantized_model
+
+    work, metrics, _ = chain
+    model = load_quantized_model(work / "checkpoints" / "int_infer-model.pt2")
+    data = DigitsDataset(split="val")
+    batch = torch.utils.data.default_collate([data[i] for i in range(len(data))])
+    with torch.no_grad():
+        acc = (model(batch).argmax(1) == batch["labels"]).float().mean().item()
+    assert acc == pytest.approx(metrics["int_infer_predict"]["metrics"]["accuracy"], abs=1e-6)
+
+
+def test_a_stage_whose_input_is_missing_fails_fast(tmp_path):
+    work = tmp_path / "fresh"
+    out = run_tool("hat-train", DIGITS_CONFIG, "--stage", "qat", "--work-dir", work, cwd=tmp_path)
+    assert out.returncode == 1
+    assert f"needs {work / 'checkpoints' / 'calibration-checkpoint-best.pth.tar'}, which does not exist" in out.stderr
+    assert "stage 'calibration'" in out.stderr and "--stage calibration" in out.stderr
+    assert not work.exists()
