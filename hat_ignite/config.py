@@ -132,10 +132,15 @@ class Config(Mapping):
             raise ConfigError(f"config file {path} {what}. Pass the path of a .py config file.")
         if not path.endswith(".py"):
             raise ConfigError(f"config file {path} is not a .py file; configs are Python files of assignments.")
-        with open(path, encoding="utf-8") as f:
-            source = f.read()
+        try:
+            with open(path, encoding="utf-8") as f:
+                source = f.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"config file {path} cannot be read as UTF-8 text: {exc}.") from None
         try:
             code = compile(source, path, "exec")
+        except (ValueError, MemoryError, RecursionError) as exc:  # e.g. a null byte, absurd nesting
+            raise ConfigError(f"{path}: cannot compile the config: {type(exc).__name__}: {exc}.") from None
         except SyntaxError as exc:
             line = (exc.text or "").rstrip("\n")
             shown = line.lstrip()
@@ -148,7 +153,7 @@ class Config(Mapping):
         namespace: dict[str, Any] = {"__file__": path, "__name__": f"hat_config.{stem}", "__builtins__": __builtins__}
         try:
             exec(code, namespace)
-        except Exception as exc:  # any error the user's file raises
+        except (Exception, SystemExit) as exc:  # any error the user's file raises, exit() included
             raise _exec_error(path, exc) from exc
         data = {
             k: v for k, v in namespace.items() if not k.startswith("_") and not isinstance(v, types.ModuleType)

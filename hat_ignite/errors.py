@@ -5,7 +5,10 @@ Each message says what is wrong, where (file, key path, step) and how to fix it.
 
 from __future__ import annotations
 
-__all__ = ["HatIgniteError", "ConfigError", "CheckpointError", "CallbackSignatureError", "NonFiniteLossError"]
+__all__ = [
+    "HatIgniteError", "ConfigError", "CheckpointError", "CallbackSignatureError", "NonFiniteLossError",
+    "BatchError", "DataError", "QuantizationError",
+]
 
 
 class HatIgniteError(Exception):
@@ -26,3 +29,16 @@ class CallbackSignatureError(HatIgniteError, TypeError):
 
 class NonFiniteLossError(HatIgniteError, FloatingPointError):
     """A loss became NaN or Inf; raised before the optimizer update of that step."""
+
+
+class BatchError(HatIgniteError, RuntimeError):
+    """The model failed on a batch; names the batch (epoch, step, sub-batch) and its structure
+    next to the first batch's, with the model's own error chained as the cause."""
+
+
+class DataError(HatIgniteError, ValueError):
+    """The data loader cannot feed the loop (for example, it yields no batch at all)."""
+
+
+class QuantizationError(HatIgniteError, RuntimeError):
+    """A model cannot be prepared, calibrated, trained or converted for int8; names the module and the fix."""

@@ -38,7 +38,7 @@ from collections.abc import Mapping
 from typing import Any, Callable, Iterable
 
 from hat_ignite.builtin_names import BUILTIN_OBJECTS
-from hat_ignite.errors import ConfigError
+from hat_ignite.errors import ConfigError, HatIgniteError
 
 __all__ = ["Registry", "OBJECT_REGISTRY", "BUILTIN_OBJECTS", "build_from_cfg", "config_error"]
 
@@ -298,6 +298,10 @@ class _Builder:
             raise config_error(key_path, f"building {name} failed: {exc}") from exc
         except (TypeError, ValueError) as exc:
             raise config_error(key_path, f"building {name} failed: {exc}") from exc
+        except HatIgniteError:
+            raise  # a checkpoint or data error already names what and where
+        except Exception as exc:  # any other failure of the constructor is still this key's fault
+            raise config_error(key_path, f"building {name} failed: {type(exc).__name__}: {exc}") from exc
 
 
 #: The registry configs use. Add your own names with ``@OBJECT_REGISTRY.register``.

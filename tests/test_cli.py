@@ -68,7 +68,10 @@ def test_predict_on_the_saved_checkpoints_reproduces_the_accuracy(trained, capsy
 def test_help_lists_the_stages_of_the_given_config(tmp_path, capsys):
     proc = run_tool("hat-train", DIGITS_CONFIG, "--help", cwd=tmp_path, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert f"Stages in {DIGITS_CONFIG}: float (float_trainer, float_predictor)." in " ".join(proc.stdout.split())
+    assert (
+        f"Stages in {DIGITS_CONFIG}: float (float_trainer, float_predictor); calibration (calibration_trainer); "
+        f"qat (qat_trainer); int_infer (int_infer_predictor)." in " ".join(proc.stdout.split())
+    )
     assert "--dry-run" in proc.stdout and "--opts" in proc.stdout
     assert predict_cli.main(["--help"]) == 0
     assert "give CONFIG before --help" in " ".join(capsys.readouterr().out.split())
@@ -86,16 +89,16 @@ def test_dry_run_prints_the_engine_and_handlers_and_creates_nothing(tmp_path):
                       "STEP_END", "EPOCH_END", "LOOP_END"]
     epoch_end = out.split("EPOCH_END (on_epoch_end):\n", 1)[1].split("  LOOP_END", 1)[0]
     order = [line.split(". ", 1)[1].split(".")[0] for line in epoch_end.strip().splitlines()]
-    assert order[-2:] == ["Validation", "Checkpoint"]  # config-list order: validate, then save
+    assert order[-3:] == ["Validation", "Checkpoint", "TensorBoard"]  # config-list order: validate, save, log
     assert "  STEP_END: " not in out and "ITERATION_COMPLETED: _on_iteration_completed" in out
     assert not work_dir.exists()
 
 
 def test_unknown_stage_lists_the_existing_ones(tmp_path, capsys):
     work_dir = tmp_path / "wd"
-    assert train_cli.main([str(DIGITS_CONFIG), "--stage", "qat", "--work-dir", str(work_dir)]) == 1
+    assert train_cli.main([str(DIGITS_CONFIG), "--stage", "int8", "--work-dir", str(work_dir)]) == 1
     err = capsys.readouterr().err
-    assert "has no 'qat_trainer': stage 'qat' has no trainer. Stages with a trainer: float." in err
+    assert "has no 'int8_trainer': stage 'int8' has no trainer. Stages with a trainer: float, calibration, qat." in err
     assert not work_dir.exists()
 
 

@@ -7,6 +7,10 @@ imports what it needs when it is built.
 from hat_ignite.callbacks.base import CallbackMixin
 from hat_ignite.callbacks.checkpoint import Checkpoint, list_checkpoints
 from hat_ignite.callbacks.checkpoint_state import LoadCheckpoint, load_model_weights, restore_training_state, resume_from
+from hat_ignite.callbacks.ema import ExponentialMovingAverage
+from hat_ignite.callbacks.freeze import FreezeBNStatistics, FreezeModule
+from hat_ignite.callbacks.fuse_bn import FuseBN
+from hat_ignite.callbacks.grad_scale import GradScale
 from hat_ignite.callbacks.lr_updater import (
     CosineAnnealingLrUpdater,
     CosLrUpdater,
@@ -18,7 +22,9 @@ from hat_ignite.callbacks.lr_updater import (
 )
 from hat_ignite.callbacks.lr_updater_base import LrUpdaterBase
 from hat_ignite.callbacks.metric_updater import MetricUpdater
+from hat_ignite.callbacks.save_traced import SaveTraced
 from hat_ignite.callbacks.stats_monitor import StatsMonitor
+from hat_ignite.callbacks.tensorboard import TensorBoard
 from hat_ignite.callbacks.validation import MeanTeacherValidation, Validation
 
 __all__ = [
@@ -41,4 +47,11 @@ __all__ = [
     "StatsMonitor",
     "Validation",
     "MeanTeacherValidation",
+    "ExponentialMovingAverage",
+    "FreezeModule",
+    "FreezeBNStatistics",
+    "FuseBN",
+    "GradScale",
+    "TensorBoard",
+    "SaveTraced",
 ]

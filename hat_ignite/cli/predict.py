@@ -31,6 +31,8 @@ from hat_ignite.cli.common import (
     write_metrics,
 )
 
+from hat_ignite.cli.stages import check_stage_inputs, record_lineage, save_stage_model
+
 __all__ = ["main"]
 
 logger = logging.getLogger("hat_ignite.cli.predict")
@@ -56,6 +58,7 @@ def _predict(argv: Sequence[str]) -> int:
             f"{source}: checkpoint {ckpt!r} is not a file. Train the stage first (hat-train "
             f"{args.config} --stage {args.stage}) or pass the path of a checkpoint with --ckpt."
         )
+    inputs = check_stage_inputs(cfg, args.stage, stage_key, args.config)
     work_dir = WorkDir(work_path)
     seed_everything(cfg)
     try:
@@ -64,7 +67,7 @@ def _predict(argv: Sequence[str]) -> int:
             from hat_ignite.callbacks.checkpoint_state import LoadCheckpoint
 
             LoadCheckpoint(ckpt)(predictor.model)
-        else:
+        elif not inputs:  # a model_convert_pipeline that loads checkpoints needs no --ckpt
             logger.warning(
                 "no checkpoint (no --ckpt, no %s_checkpoint in the config): predicting with the "
                 "weights the config builds", args.stage,
@@ -98,6 +101,11 @@ def _predict(argv: Sequence[str]) -> int:
     }
     write_metrics(work_dir.file("metrics.json"), f"{args.stage}_predict", record)
     logger.info("metrics %s -> %s", record["metrics"], work_dir.file("metrics.json"))
+    saved = save_stage_model(cfg, args.stage, predictor)
+    record_lineage(
+        work_path, args.stage, "hat-predict", cfg.filename, work_dir.file(f"{args.stage}_predict_config.py"),
+        inputs + ([os.path.abspath(ckpt)] if ckpt else []), [saved] if saved else [],
+    )
     return 0
 
 

@@ -1,23 +1,23 @@
-"""``hat-train CONFIG [--stage float] [--opts KEY=VALUE ...] [--work-dir DIR] [--dry-run]``.
+"""``hat-train CONFIG [--stage float] [--opts KEY=VALUE ...] [--work-dir DIR] [--resume [PATH|auto]] [--dry-run]``.
 
 Loads the config, applies the overrides, seeds from the config's ``seed``, builds the stage's
 ``{stage}_trainer`` with the registry and trains it. The work dir receives the log
 (``{stage}_train.log``), the resolved config (``{stage}_train_config.py``), whatever the
 callbacks save (checkpoints ...) and, at the end, the final metrics in ``metrics.json`` under the
 key ``{stage}_train``. It is created only once the config has loaded and the trainer has been
-built, so a bad config leaves nothing behind. SIGTERM stops training at the next step boundary:
-the loop ends normally (checkpoint callbacks write their last checkpoint), ``metrics.json`` is
-written with ``"stopped_by_signal": true``, and the exit code is 143.
+built, so a bad config leaves nothing behind. ``--resume`` continues a run from a checkpoint
+(see :mod:`hat_ignite.cli.resume`). SIGTERM or SIGINT stops training at the next step boundary:
+the ``Checkpoint`` callback writes a resumable checkpoint, ``metrics.json`` is written with
+``"stopped_by_signal": true``, the log names the command that resumes, and the exit code is 143
+(SIGTERM) or 130 (SIGINT); a second signal exits at once.
 """
 
 from __future__ import annotations
 
 import logging
-import signal
 import sys
-import threading
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from hat_ignite.cli.common import (
     CliError,
@@ -34,6 +34,10 @@ from hat_ignite.cli.common import (
     write_metrics,
 )
 
+from hat_ignite.cli.distributed import add_distributed_arguments, distributed_stage, is_main_process
+from hat_ignite.cli.resume import add_resume_argument, apply_resume, install_stop_signals, stop_report
+from hat_ignite.cli.stages import check_stage_inputs, record_lineage
+
 __all__ = ["main"]
 
 logger = logging.getLogger("hat_ignite.cli.train")
@@ -44,24 +48,36 @@ Builds the config's {stage}_trainer (e.g. float_trainer) and calls fit(). Logs, 
 config, checkpoints and metrics.json go to the work dir."""
 
 
+def _lr_of(trainer: Any) -> float | None:
+    groups = getattr(trainer.optimizer, "param_groups", None)
+    return float(groups[0]["lr"]) if groups else None
+
+
 def _attach_progress(trainer: Any) -> None:
-    """A tqdm bar on a terminal; otherwise a log line per epoch (unless the trainer logs steps)."""
+    """Rank 0: a tqdm bar (loss, lr) when stderr is a terminal; otherwise a log line per epoch.
+
+    Steps are logged as well when the trainer's ``log_interval`` is set.
+    """
+    import ignite.distributed as idist
     from ignite.engine import Events
 
-    if sys.stdout.isatty():
+    if idist.get_rank() != 0:
+        return
+    if sys.stderr.isatty():
         from ignite.handlers import ProgressBar
 
-        def loss_of(_output: Any) -> dict[str, float]:
-            value = loss_value(trainer.state.losses)
-            return {} if value is None else {"loss": value}
+        def loss_and_lr(_output: Any) -> dict[str, float]:
+            shown = {"loss": loss_value(trainer.state.losses), "lr": _lr_of(trainer)}
+            return {k: v for k, v in shown.items() if v is not None}
 
-        ProgressBar(persist=True).attach(trainer, output_transform=loss_of)
+        ProgressBar(persist=True).attach(trainer, output_transform=loss_and_lr)
         return
     start = time.perf_counter()
 
     def epoch_line(engine: Any) -> None:
-        value = loss_value(engine.state.losses)
+        value, lr = loss_value(engine.state.losses), _lr_of(engine)
         loss = f", last loss {value:.4f}" if value is not None else ""
+        loss += f", lr {lr:.4g}" if lr is not None else ""
         logger.info(
             "epoch %d/%s done: %d steps%s, %.1f s",
             engine.state.epoch, engine.state.max_epochs or "?", engine.state.iteration, loss,
@@ -69,37 +85,6 @@ def _attach_progress(trainer: Any) -> None:
         )
 
     trainer.add_event_handler(Events.EPOCH_COMPLETED, epoch_line)
-
-
-def _stop_on_sigterm(trainer: Any) -> tuple[list[int], Callable[[], None]]:
-    """Make SIGTERM stop training cleanly at the next step boundary.
-
-    The signal handler only records the request; a handler on ``ITERATION_COMPLETED`` then calls
-    ``trainer.terminate()``, so the epoch and the loop end normally (``on_epoch_end`` and
-    ``on_loop_end`` fire, and a checkpoint callback writes its last checkpoint).
-
-    Returns:
-        The list the received signal numbers are appended to, and a function restoring the
-        previous handler.
-    """
-    from ignite.engine import Events
-
-    received: list[int] = []
-    if threading.current_thread() is not threading.main_thread():
-        return received, lambda: None
-
-    def on_signal(signum: int, _frame: Any) -> None:
-        if not received:
-            logger.warning("received %s: stopping after the current step", signal.Signals(signum).name)
-        received.append(signum)
-
-    def stop_if_asked(engine: Any) -> None:
-        if received:
-            engine.terminate()
-
-    previous = signal.signal(signal.SIGTERM, on_signal)
-    trainer.add_event_handler(Events.ITERATION_COMPLETED, stop_if_asked)
-    return received, lambda: signal.signal(signal.SIGTERM, previous)
 
 
 def _metrics_record(trainer: Any, stage: str, config: str, seconds: float) -> dict[str, Any]:
@@ -134,10 +119,16 @@ def _train(argv: Sequence[str]) -> int:
         "--dry-run", action="store_true",
         help="build everything, print the engine and its handlers by event, and exit without training",
     )
+    add_distributed_arguments(parser)
+    add_resume_argument(parser)
     args = parser.parse_args(argv)
     setup_logging(args.debug)
     cfg, work_path = load_config(args.config, args.opts, args.work_dir)
     stage_key = cfg.stage_key(args.stage, "trainer")
+    exit_code = distributed_stage(args, argv, cfg, stage_key, _train)  # starts the processes of a DDP run
+    if exit_code is not None:
+        return exit_code
+    inputs = check_stage_inputs(cfg, args.stage, stage_key, args.config)
     work_dir = WorkDir(work_path)
     seed_everything(cfg)
     try:
@@ -153,10 +144,15 @@ def _train(argv: Sequence[str]) -> int:
 
     work_dir.create()
     attach_log_file(work_dir.file(f"{args.stage}_train.log"))
-    cfg.dump(work_dir.file(f"{args.stage}_train_config.py"))
+    main_process = is_main_process()  # rank 0 writes files and shows progress; every rank trains
+    if main_process:
+        cfg.dump(work_dir.file(f"{args.stage}_train_config.py"))
     logger.info("config %s, stage %s, work dir %s", cfg.filename, stage_key, work_path)
-    _attach_progress(trainer)
-    received, restore_signals = _stop_on_sigterm(trainer)
+    if main_process:
+        _attach_progress(trainer)
+    if args.resume:
+        apply_resume(trainer, args.resume, cfg[stage_key], work_path)
+    received, restore_signals = install_stop_signals(trainer)
     start = time.perf_counter()
     try:
         trainer.fit()
@@ -171,12 +167,19 @@ def _train(argv: Sequence[str]) -> int:
         restore_signals()
     record = _metrics_record(trainer, args.stage, cfg.filename, time.perf_counter() - start)
     record["stopped_by_signal"] = bool(received)
-    write_metrics(work_dir.file("metrics.json"), f"{args.stage}_train", record)
+    if main_process:
+        write_metrics(work_dir.file("metrics.json"), f"{args.stage}_train", record)
+    from hat_ignite.cli.curves import write_run_curves
+
+    write_run_curves(trainer, work_path)
     if received:
-        logger.warning(
-            "stopped by SIGTERM after %d steps; metrics and checkpoints are in %s", trainer.state.iteration, work_path
+        return stop_report(trainer, received[0], argv, work_path)
+    output = (record["best"] or {}).get("checkpoint") or cfg.get(f"{args.stage}_checkpoint")
+    if main_process:
+        record_lineage(
+            work_path, args.stage, "hat-train", cfg.filename, work_dir.file(f"{args.stage}_train_config.py"),
+            inputs, [output] if output else [],
         )
-        return 128 + signal.SIGTERM
     logger.info(
         "done in %.1f s: train %s, val %s -> %s",
         record["seconds"], record["train_metrics"], record["val_metrics"], work_dir.file("metrics.json"),

@@ -3,7 +3,10 @@
 This package never imports :mod:`hat_ignite.callbacks`.
 """
 
+from hat_ignite.engine.calibrator import Calibrator
+from hat_ignite.engine.ddp_trainer import DataParallelTrainer, DistributedDataParallelTrainer
 from hat_ignite.engine.events import HOOK_EVENTS, HatEvents
+from hat_ignite.engine.launcher import build_launcher
 from hat_ignite.engine.loop import LoopBase
 from hat_ignite.engine.predictor import Predictor
 from hat_ignite.engine.processors import (
@@ -14,6 +17,7 @@ from hat_ignite.engine.processors import (
     collect_loss_by_regex,
 )
 from hat_ignite.engine.state import HOOK_KWARGS, HatState
+from hat_ignite.engine.task_sampler import TaskSampler
 from hat_ignite.engine.trainer import Trainer
 
 __all__ = [
@@ -23,7 +27,12 @@ __all__ = [
     "HatState",
     "LoopBase",
     "Trainer",
+    "DistributedDataParallelTrainer",
+    "DataParallelTrainer",
+    "TaskSampler",
+    "build_launcher",
     "Predictor",
+    "Calibrator",
     "BatchProcessorMixin",
     "BasicBatchProcessor",
     "MultiBatchProcessor",
