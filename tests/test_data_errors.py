@@ -74,6 +74,8 @@ def test_an_empty_loader_with_stop_by_epoch_is_an_error():
 
     with pytest.raises(DataError, match="yields no batch"):  # no len(): found out while running
         trainer(DataLoader(Nothing(), batch_size=2)).fit()
+    with pytest.raises(DataError, match=r"yields no batch.*stop_by='step'"):  # the same by steps
+        trainer(DataLoader(Nothing(), batch_size=2), stop_by="step", num_steps=3).fit()
 
 
 class Broken(Dataset):

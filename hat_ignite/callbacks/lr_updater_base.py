@@ -59,7 +59,7 @@ def _unit(value: str | None, name: str, owner: str) -> str:
     return unit
 
 
-def _loader_length(data_loader: Iterable | None) -> int | None:
+def loader_length(data_loader: Iterable | None) -> int | None:
     try:
         length = len(data_loader)  # type: ignore[arg-type]
     except TypeError:
@@ -173,7 +173,7 @@ class LrUpdaterBase(CallbackMixin):
         owner = type(self).__name__
         if optimizer is None:
             raise ValueError(f"{owner} needs the loop's optimizer, but the loop has none.")
-        spe = _loader_length(data_loader)
+        spe = loader_length(data_loader)
         stop_by = getattr(loop, "stop_by", None) or ("epoch" if num_epochs is not None else "step")
         if stop_by == "epoch":
             self.total_epochs = num_epochs

@@ -13,11 +13,21 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 from ignite.engine import Engine, Events
 
+from hat_ignite.engine.bridge import (
+    close_epoch,
+    empty_loader_error,
+    loader_length,
+    log_progress,
+    on_completed,
+    on_epoch_started,
+    on_iteration_completed,
+    on_iteration_started,
+    on_started,
+)
 from hat_ignite.engine.events import EVENT_COUNTERS, HatEvents
 from hat_ignite.engine.dispatch import fire_hat_event
 from hat_ignite.engine.resumable import ResumableLoopMixin
 from hat_ignite.engine.state import HatState, kwargs_builder
-from hat_ignite.errors import DataError
 
 __all__ = ["LoopBase", "build_if_config", "resolve_device"]
 
@@ -68,107 +78,6 @@ def resolve_device(device: int | str | torch.device | None) -> torch.device:
             )
         return torch.device("cuda", device)
     return torch.device(device)
-
-
-def _loader_length(data_loader: Iterable) -> int | None:
-    try:
-        return len(data_loader)  # type: ignore[arg-type]
-    except TypeError:
-        return None
-
-
-def _set_sampler_epoch(data_loader: Iterable, epoch_id: int) -> None:
-    """Call ``set_epoch`` on the loader's sampler(s), as DistributedSampler needs each epoch.
-
-    A loader with its own ``set_epoch`` (a multitask loader, reaching each task's sampler) gets
-    that call instead.
-    """
-    own = getattr(data_loader, "set_epoch", None)
-    if callable(own):
-        own(epoch_id)
-        return
-    for owner in (data_loader, getattr(data_loader, "batch_sampler", None)):
-        sampler = getattr(owner, "sampler", None)
-        set_epoch = getattr(sampler, "set_epoch", None)
-        if callable(set_epoch):
-            set_epoch(epoch_id)
-            return
-
-
-# Bridge handlers: module-level functions (Ignite passes the engine through a weak reference),
-# so registering them creates no reference cycle.
-def _on_started(engine: LoopBase) -> None:
-    engine.state.storage = {}
-    engine.state.hat_batch_count = 0
-    engine.state.epoch_open = False
-    engine.set_model_mode()
-    engine.fire_event(HatEvents.LOOP_BEGIN)
-    engine._after_loop_begin(_close_epoch)
-
-
-def _on_epoch_started(engine: LoopBase) -> None:
-    state = engine.state
-    engine._before_epoch_begin()
-    _set_sampler_epoch(engine.data_loader, state.epoch - 1)
-    if state.epoch_length:
-        state.epoch_first_step = (state.epoch - 1) * state.epoch_length
-    else:
-        state.epoch_first_step = state.iteration
-    state.epoch_open = True
-    engine.fire_event(HatEvents.EPOCH_BEGIN)
-
-
-def _on_iteration_started(engine: LoopBase) -> None:
-    state = engine.state
-    state.step_id = state.iteration - 1 - state.epoch_first_step
-    engine.fire_event(HatEvents.STEP_BEGIN)
-
-
-def _on_iteration_completed(engine: LoopBase) -> None:
-    engine.fire_event(HatEvents.STEP_END)
-    if engine.stop_requested is not None:
-        engine._stop_if_requested()
-
-
-def _empty_loader_error(engine: LoopBase) -> DataError:
-    return DataError(
-        f"{type(engine).__name__}: the data_loader ({type(engine.data_loader).__name__}) yields no "
-        f"batch, so stop_by={engine.stop_by!r} can never complete an "
-        f"{'epoch' if engine.stop_by == 'epoch' else 'step'}. Check the dataset (is it empty? does "
-        f"drop_last=True drop its only, incomplete batch?) and the sampler."
-    )
-
-
-def _close_epoch(engine: LoopBase) -> None:
-    if engine.state.epoch_length == 0:  # an iterable without len() that yielded nothing
-        raise _empty_loader_error(engine)
-    finish = getattr(engine.batch_processor, "finish_epoch", None)
-    if finish is not None:
-        finish(engine)
-    engine.state.epoch_open = False
-    engine.fire_event(HatEvents.EPOCH_END)
-
-
-def _on_completed(engine: LoopBase) -> None:
-    if engine.state.epoch_open and engine.stopped_by is None:  # a step limit or terminate() stopped it partway
-        _close_epoch(engine)
-    engine.fire_event(HatEvents.LOOP_END)
-
-
-def _log_progress(engine: LoopBase) -> None:
-    state = engine.state
-    if state.iteration % engine.log_interval:
-        return
-    losses = state.losses
-    text = ""
-    if isinstance(losses, torch.Tensor):
-        text = f" loss={losses.detach().float().sum().item():.6g}"
-    elif isinstance(losses, (list, tuple)) and losses:
-        total = sum(float(t.detach().float().sum()) for t in losses if isinstance(t, torch.Tensor))
-        text = f" loss={total:.6g}"
-    engine.logger.info(
-        "Epoch[%d] Step[%d] GlobalStep[%d]%s", state.epoch - 1, state.step_id, state.iteration - 1, text
-    )
 
 
 class LoopBase(ResumableLoopMixin, Engine):
@@ -301,16 +210,16 @@ class LoopBase(ResumableLoopMixin, Engine):
         self._init_resumable()
 
         for event, bridge in (
-            (Events.STARTED, _on_started),
-            (Events.EPOCH_STARTED, _on_epoch_started),
-            (Events.ITERATION_STARTED, _on_iteration_started),
-            (Events.ITERATION_COMPLETED, _on_iteration_completed),
-            (Events.EPOCH_COMPLETED, _close_epoch),
-            (Events.COMPLETED, _on_completed),
+            (Events.STARTED, on_started),
+            (Events.EPOCH_STARTED, on_epoch_started),
+            (Events.ITERATION_STARTED, on_iteration_started),
+            (Events.ITERATION_COMPLETED, on_iteration_completed),
+            (Events.EPOCH_COMPLETED, close_epoch),
+            (Events.COMPLETED, on_completed),
         ):
             self.add_event_handler(event, bridge)
         if log_interval:
-            self.add_event_handler(HatEvents.STEP_END, _log_progress)
+            self.add_event_handler(HatEvents.STEP_END, log_progress)
 
         self.callbacks: list[Any] = []
         self._callback_handles: list[Any] = []
@@ -399,16 +308,16 @@ class LoopBase(ResumableLoopMixin, Engine):
             The engine's state after the run.
         """
         self._run_resumers()
-        length = _loader_length(self.data_loader)
+        length = loader_length(self.data_loader)
         if self._nothing_to_run():
             self.state.epoch = self.start_epoch
             self.state.iteration = self.start_step
             self._make_data(length, self.start_step or self.start_epoch * (length or 0))
-            _on_started(self)
-            _on_completed(self)
+            on_started(self)
+            on_completed(self)
             return self.state
         if length == 0:
-            raise _empty_loader_error(self)
+            raise empty_loader_error(self)
         limit = {"max_epochs": self.num_epochs} if self.stop_by == "epoch" else {"max_iters": self.num_steps}
         self.state.max_epochs = self.state.max_iters = None
         if self.start_epoch or self.start_step:
@@ -427,5 +336,12 @@ class LoopBase(ResumableLoopMixin, Engine):
             self.load_state_dict({"iteration": iteration, "epoch_length": length, **limit})
             self.run(self._make_data(length, iteration))
         else:
-            self.run(self._make_data(length, 0), **limit)
+            try:
+                self.run(self._make_data(length, 0), **limit)
+            except ZeroDivisionError:
+                # Ignite divides max_iters by the first epoch's length, which an iterable without
+                # len() that yields nothing makes 0: say what is wrong instead.
+                if self.state.epoch_length == 0:
+                    raise empty_loader_error(self) from None
+                raise
         return self.state

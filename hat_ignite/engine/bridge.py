@@ -1,0 +1,127 @@
+"""Bridge handlers: Ignite's own events drive HAT's events.
+
+Module-level functions (Ignite passes the engine through a weak reference), so registering them on
+an engine creates no reference cycle. :class:`~hat_ignite.engine.loop.LoopBase` registers them:
+
+======================  ==============================================================
+Ignite event            HAT events fired
+======================  ==============================================================
+``STARTED``             ``LOOP_BEGIN`` (after the model mode is set)
+``EPOCH_STARTED``       ``EPOCH_BEGIN`` (after ``sampler.set_epoch``)
+``ITERATION_STARTED``   ``STEP_BEGIN``
+``ITERATION_COMPLETED`` ``STEP_END`` (then a requested stop is honoured)
+``EPOCH_COMPLETED``     ``EPOCH_END`` (after the batch processor's ``finish_epoch``)
+``COMPLETED``           ``EPOCH_END`` of an epoch a step limit cut short, then ``LOOP_END``
+======================  ==============================================================
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterable
+
+import torch
+
+from hat_ignite.engine.events import HatEvents
+from hat_ignite.errors import DataError
+
+if TYPE_CHECKING:
+    from hat_ignite.engine.loop import LoopBase
+
+
+def loader_length(data_loader: Iterable) -> int | None:
+    try:
+        return len(data_loader)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+
+
+def set_sampler_epoch(data_loader: Iterable, epoch_id: int) -> None:
+    """Call ``set_epoch`` on the loader's sampler(s), as DistributedSampler needs each epoch.
+
+    A loader with its own ``set_epoch`` (a multitask loader, reaching each task's sampler) gets
+    that call instead.
+    """
+    own = getattr(data_loader, "set_epoch", None)
+    if callable(own):
+        own(epoch_id)
+        return
+    for owner in (data_loader, getattr(data_loader, "batch_sampler", None)):
+        sampler = getattr(owner, "sampler", None)
+        set_epoch = getattr(sampler, "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(epoch_id)
+            return
+
+
+def on_started(engine: LoopBase) -> None:
+    engine.state.storage = {}
+    engine.state.hat_batch_count = 0
+    engine.state.epoch_open = False
+    engine.set_model_mode()
+    engine.fire_event(HatEvents.LOOP_BEGIN)
+    engine._after_loop_begin(close_epoch)
+
+
+def on_epoch_started(engine: LoopBase) -> None:
+    state = engine.state
+    engine._before_epoch_begin()
+    set_sampler_epoch(engine.data_loader, state.epoch - 1)
+    if state.epoch_length:
+        state.epoch_first_step = (state.epoch - 1) * state.epoch_length
+    else:
+        state.epoch_first_step = state.iteration
+    state.epoch_open = True
+    engine.fire_event(HatEvents.EPOCH_BEGIN)
+
+
+def on_iteration_started(engine: LoopBase) -> None:
+    state = engine.state
+    state.step_id = state.iteration - 1 - state.epoch_first_step
+    engine.fire_event(HatEvents.STEP_BEGIN)
+
+
+def on_iteration_completed(engine: LoopBase) -> None:
+    engine.fire_event(HatEvents.STEP_END)
+    if engine.stop_requested is not None:
+        engine._stop_if_requested()
+
+
+def empty_loader_error(engine: LoopBase) -> DataError:
+    return DataError(
+        f"{type(engine).__name__}: the data_loader ({type(engine.data_loader).__name__}) yields no "
+        f"batch, so stop_by={engine.stop_by!r} can never complete an "
+        f"{'epoch' if engine.stop_by == 'epoch' else 'step'}. Check the dataset (is it empty? does "
+        f"drop_last=True drop its only, incomplete batch?) and the sampler."
+    )
+
+
+def close_epoch(engine: LoopBase) -> None:
+    if engine.state.epoch_length == 0:  # an iterable without len() that yielded nothing
+        raise empty_loader_error(engine)
+    finish = getattr(engine.batch_processor, "finish_epoch", None)
+    if finish is not None:
+        finish(engine)
+    engine.state.epoch_open = False
+    engine.fire_event(HatEvents.EPOCH_END)
+
+
+def on_completed(engine: LoopBase) -> None:
+    if engine.state.epoch_open and engine.stopped_by is None:  # a step limit or terminate() stopped it partway
+        close_epoch(engine)
+    engine.fire_event(HatEvents.LOOP_END)
+
+
+def log_progress(engine: LoopBase) -> None:
+    state = engine.state
+    if state.iteration % engine.log_interval:
+        return
+    losses = state.losses
+    text = ""
+    if isinstance(losses, torch.Tensor):
+        text = f" loss={losses.detach().float().sum().item():.6g}"
+    elif isinstance(losses, (list, tuple)) and losses:
+        total = sum(float(t.detach().float().sum()) for t in losses if isinstance(t, torch.Tensor))
+        text = f" loss={total:.6g}"
+    engine.logger.info(
+        "Epoch[%d] Step[%d] GlobalStep[%d]%s", state.epoch - 1, state.step_id, state.iteration - 1, text
+    )
