@@ -22,7 +22,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -38,7 +37,15 @@ from hat_ignite.callbacks.checkpoint_io import (
     is_temp_file,
     with_content_hash,
 )
-from hat_ignite.callbacks.checkpoint_files import latest_valid_checkpoint, list_checkpoints, scan_checkpoints
+from hat_ignite.callbacks.checkpoint_files import (
+    NAME_HASH,
+    checkpoint_number,
+    latest_valid_checkpoint,
+    list_checkpoints,
+    resume_marks,
+    scan_checkpoints,
+    weights_finite,
+)
 from hat_ignite.callbacks.checkpoint_payload import training_state
 from hat_ignite.errors import CheckpointError
 
@@ -50,40 +57,7 @@ __all__ = ["Checkpoint", "list_checkpoints", "latest_valid_checkpoint"]
 logger = logging.getLogger(__name__)
 
 _MODES = ("max", "min")
-_NAME_HASH = re.compile(r"-(\d+)-([0-9a-f]{8})\.pth\.tar$")
-_NAME_NUMBER = re.compile(r"-(\d+)(?:-[0-9a-f]{8})?\.pth\.tar$")
 _KINDS = ("epoch", "step")
-
-
-def _name_number(name: str) -> int | None:
-    """The epoch/step number in a periodic checkpoint's file name.
-
-    >>> _name_number("float-checkpoint-epoch-0003-1a2b3c4d.pth.tar"), _name_number("checkpoint-step-12.pth.tar")
-    (3, 12)
-    """
-    match = _NAME_NUMBER.search(name)
-    return int(match.group(1)) if match else None
-
-
-def _weights_finite(weights: Any) -> bool:
-    """Whether every floating-point tensor of a state dict is free of NaN/Inf."""
-    if not isinstance(weights, Mapping):
-        return True
-    return all(
-        bool(torch.isfinite(t).all()) for t in weights.values()
-        if isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex())
-    )
-
-
-def _resume_marks(checkpoint: Any) -> tuple[set[str], set[tuple[str, int]]]:
-    """What identifies the file a run resumed from: its short content hash, and (for names
-    without a hash) its epoch/step number."""
-    if not isinstance(checkpoint, Mapping):
-        return set(), set()
-    recorded = checkpoint.get(HASH_KEY)
-    hashes = {recorded[:8]} if isinstance(recorded, str) else set()
-    numbers = {(kind, checkpoint[kind]) for kind in _KINDS if isinstance(checkpoint.get(kind), int)}
-    return hashes, numbers
 
 
 def _as_float(value: Any, what: str) -> float:
@@ -217,7 +191,7 @@ class Checkpoint(CallbackMixin):
         self._saved_iteration = None
         self._warned_missing = False
         self._last_finite = None
-        self._resumed_hashes, self._resumed_numbers = _resume_marks(getattr(loop, "checkpoint", None))
+        self._resumed_hashes, self._resumed_numbers = resume_marks(getattr(loop, "checkpoint", None))
         sampler = self.task_sampler
         if sampler is not None and idist.get_world_size() > 1 and getattr(sampler, "is_parallel", lambda: False)():
             raise ValueError(
@@ -289,7 +263,7 @@ class Checkpoint(CallbackMixin):
         atomic_link(path, self.last_path)
         if is_best:
             self._write_best(payload, path)
-        if _weights_finite(payload["state_dict"]):
+        if weights_finite(payload["state_dict"]):
             self._last_finite = path
         else:
             logger.warning(
@@ -340,10 +314,10 @@ class Checkpoint(CallbackMixin):
         """Why rotation must not delete ``path`` (``None``: it may)."""
         if path == self._last_finite:
             return "it is the newest checkpoint with finite weights"
-        match = _NAME_HASH.search(os.path.basename(path))
+        match = NAME_HASH.search(os.path.basename(path))
         if match:
             return "the run resumed from it" if match.group(2) in self._resumed_hashes else None
-        number = _name_number(os.path.basename(path))
+        number = checkpoint_number(os.path.basename(path))
         return "the run resumed from it" if (kind, number) in self._resumed_numbers else None
 
     # -- best metric ---------------------------------------------------------------------------

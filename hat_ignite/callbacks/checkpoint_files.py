@@ -10,12 +10,18 @@ from __future__ import annotations
 import logging
 import os
 import re
+from collections.abc import Mapping
 from typing import Any
 
-from hat_ignite.callbacks.checkpoint_io import PathLike, is_temp_file, load_checkpoint
+import torch
+
+from hat_ignite.callbacks.checkpoint_io import HASH_KEY, PathLike, is_temp_file, load_checkpoint
 from hat_ignite.errors import CheckpointError
 
-__all__ = ["scan_checkpoints", "list_checkpoints", "latest_valid_checkpoint"]
+__all__ = [
+    "scan_checkpoints", "list_checkpoints", "latest_valid_checkpoint",
+    "NAME_HASH", "NAME_NUMBER", "checkpoint_number", "weights_finite", "resume_marks",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -128,3 +134,41 @@ def latest_valid_checkpoint(save_dir: PathLike, name_prefix: str = "") -> tuple[
             + "\n  ".join(failures) + "\nStart without resuming, or restore a checkpoint from a backup."
         )
     return None
+
+
+# -- what rotation must keep ------------------------------------------------------------------
+#: A periodic checkpoint name's number and short content hash.
+NAME_HASH = re.compile(r"-(\d+)-([0-9a-f]{8})\.pth\.tar$")
+#: A periodic checkpoint name's number, with or without a hash.
+NAME_NUMBER = re.compile(r"-(\d+)(?:-[0-9a-f]{8})?\.pth\.tar$")
+
+
+def checkpoint_number(name: str) -> int | None:
+    """The epoch/step number in a periodic checkpoint's file name.
+
+    >>> checkpoint_number("float-checkpoint-epoch-0003-1a2b3c4d.pth.tar"), checkpoint_number("checkpoint-step-12.pth.tar")
+    (3, 12)
+    """
+    match = NAME_NUMBER.search(name)
+    return int(match.group(1)) if match else None
+
+
+def weights_finite(weights: Any) -> bool:
+    """Whether every floating-point tensor of a state dict is free of NaN/Inf."""
+    if not isinstance(weights, Mapping):
+        return True
+    return all(
+        bool(torch.isfinite(t).all()) for t in weights.values()
+        if isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex())
+    )
+
+
+def resume_marks(checkpoint: Any) -> tuple[set[str], set[tuple[str, int]]]:
+    """What identifies the file a run resumed from: its short content hash, and (for names
+    without a hash) its epoch/step number."""
+    if not isinstance(checkpoint, Mapping):
+        return set(), set()
+    recorded = checkpoint.get(HASH_KEY)
+    hashes = {recorded[:8]} if isinstance(recorded, str) else set()
+    numbers = {(kind, checkpoint[kind]) for kind in ("epoch", "step") if isinstance(checkpoint.get(kind), int)}
+    return hashes, numbers

@@ -15,7 +15,7 @@ import logging
 import os
 import sys
 import time
-from typing import Any, Sequence
+from typing import Sequence
 
 from hat_ignite.cli.common import (
     CliError,
