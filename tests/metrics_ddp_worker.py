@@ -1,0 +1,58 @@
+"""Run in a subprocess by tests/test_metrics_ddp.py: HAT metrics in 2 gloo processes vs 1.
+
+``python tests/metrics_ddp_worker.py OUT_FILE`` spawns two processes with ``ignite.distributed``;
+each updates the metrics with its own half of fixed data (unequal halves, as a DistributedSampler
+tail can give) and rank 0 saves ``get()`` of every metric to ``OUT_FILE``.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+
+def fixed_data() -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Seven batches: labels, logits, a loss, segmentation labels and predictions."""
+    gen = torch.Generator().manual_seed(0)
+    out = []
+    for i in range(7):
+        n = 5 + i  # batches of different sizes
+        labels = torch.randint(0, 4, (n,), generator=gen)
+        logits = torch.randn(n, 4, generator=gen)
+        seg_labels = torch.randint(0, 3, (2, 4, 4), generator=gen)
+        seg_preds = torch.randint(0, 3, (2, 4, 4), generator=gen)
+        out.append((labels, logits, torch.rand((), generator=gen), seg_labels, seg_preds))
+    return out
+
+
+def metric_values(rank: int, world_size: int) -> dict[str, object]:
+    """Update fresh metrics with this rank's batches (round-robin) and return ``get()`` of each."""
+    from hat_ignite.metrics import Accuracy, LossShow, MeanIoU, TopKAccuracy
+
+    metrics = {"acc": Accuracy(), "top2": TopKAccuracy(top_k=2), "loss": LossShow(), "miou": MeanIoU(num_classes=3)}
+    for i, (labels, logits, loss, seg_labels, seg_preds) in enumerate(fixed_data()):
+        if i % world_size != rank:
+            continue
+        metrics["acc"].update(labels, logits)
+        metrics["top2"].update(labels, logits)
+        metrics["loss"].update(loss)
+        metrics["miou"].update(seg_labels, seg_preds)
+    return {key: metric.get() for key, metric in metrics.items()}
+
+
+def _per_rank(local_rank: int, out_file: str) -> None:
+    import ignite.distributed as idist
+
+    values = metric_values(idist.get_rank(), idist.get_world_size())
+    if idist.get_rank() == 0:
+        torch.save(values, out_file)
+
+
+if __name__ == "__main__":
+    import datetime
+
+    import ignite.distributed as idist
+
+    with idist.Parallel(backend="gloo", nproc_per_node=2, timeout=datetime.timedelta(seconds=60)) as parallel:
+        parallel.run(_per_rank, sys.argv[1])
