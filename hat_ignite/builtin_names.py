@@ -49,6 +49,7 @@ BUILTIN_OBJECTS: dict[str, str] = {
     "LossShow": "hat_ignite.metrics.loss:LossShow",
     "MeanIoU": "hat_ignite.metrics.segmentation:MeanIoU",
     "MeanIOU": "hat_ignite.metrics.segmentation:MeanIOU",  # HAT's spelling of MeanIoU
+    "MeanAveragePrecision": "hat_ignite.metrics.average_precision:MeanAveragePrecision",
     # profilers
     "SimpleProfiler": "hat_ignite.profiler.simple:SimpleProfiler",
     "TorchProfiler": "hat_ignite.profiler.torch_profiler:TorchProfiler",

@@ -28,15 +28,17 @@ def fixed_data() -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.T
 
 def metric_values(rank: int, world_size: int) -> dict[str, object]:
     """Update fresh metrics with this rank's batches (round-robin) and return ``get()`` of each."""
-    from hat_ignite.metrics import Accuracy, LossShow, MeanIoU, TopKAccuracy
+    from hat_ignite.metrics import Accuracy, LossShow, MeanAveragePrecision, MeanIoU, TopKAccuracy
 
-    metrics = {"acc": Accuracy(), "top2": TopKAccuracy(top_k=2), "loss": LossShow(), "miou": MeanIoU(num_classes=3)}
+    metrics = {"acc": Accuracy(), "top2": TopKAccuracy(top_k=2), "loss": LossShow(), "miou": MeanIoU(num_classes=3),
+               "map": MeanAveragePrecision(num_classes=4)}
     for i, (labels, logits, loss, seg_labels, seg_preds) in enumerate(fixed_data()):
         if i % world_size != rank:
             continue
         metrics["acc"].update(labels, logits)
         metrics["top2"].update(labels, logits)
         metrics["loss"].update(loss)
+        metrics["map"].update(labels, logits)
         metrics["miou"].update(seg_labels, seg_preds)
     return {key: metric.get() for key, metric in metrics.items()}
 

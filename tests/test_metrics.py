@@ -214,3 +214,23 @@ def test_metrics_follow_the_input_device():
     assert miou.get()[1] == pytest.approx(cpu.get()[1])
     acc.update(LABELS, LOGITS)  # later batches on another device move the state along
     assert acc.get()[1] == 0.5
+
+
+def test_mean_average_precision_matches_sklearn_over_batches():
+    from sklearn.metrics import average_precision_score
+
+    from hat_ignite.metrics import MeanAveragePrecision
+
+    gen = torch.Generator().manual_seed(3)
+    labels = torch.randint(0, 4, (60,), generator=gen)
+    scores = torch.randn(60, 4, generator=gen) + torch.nn.functional.one_hot(labels, 4)  # informative
+    mean_ap = MeanAveragePrecision(num_classes=4)
+    for i in range(0, 60, 16):  # batches of 16, 16, 16, 12
+        mean_ap.update(labels[i:i + 16], scores[i:i + 16])
+    probs = scores.softmax(dim=1)  # logits: torchmetrics ranks softmax probabilities
+    expected = average_precision_score(torch.nn.functional.one_hot(labels, 4).numpy(), probs.numpy(), average="macro")
+    assert mean_ap.get() == ("mean_ap", pytest.approx(float(expected), abs=1e-6))
+    mean_ap.reset()
+    assert math.isnan(mean_ap.get()[1])
+    with pytest.raises(ValueError, match=r"one score per class, shape \(N, 4\)"):
+        mean_ap.update(labels[:4], scores[:4, :3])

@@ -13,6 +13,7 @@ imported when a metric is first updated, not when this package is imported.
 [('accuracy', 0.5), ('loss', 0.25)]
 """
 
+from hat_ignite.metrics.average_precision import MeanAveragePrecision
 from hat_ignite.metrics.base import EvalMetric, iter_metrics, metric_name_values, reset_metrics
 from hat_ignite.metrics.classification import Accuracy, TopKAccuracy
 from hat_ignite.metrics.loss import LossShow
@@ -25,6 +26,7 @@ __all__ = [
     "LossShow",
     "MeanIoU",
     "MeanIOU",
+    "MeanAveragePrecision",
     "iter_metrics",
     "metric_name_values",
     "reset_metrics",
