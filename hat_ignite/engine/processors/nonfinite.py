@@ -126,12 +126,21 @@ def grads_finite(grads: list[torch.Tensor]) -> bool:
     """
     if not grads:
         return True
-    found = torch.zeros(1, device=grads[0].device)
+    device = grads[0].device
+    flags = _FLAGS.get(device)
+    if flags is None:
+        flags = _FLAGS[device] = (torch.zeros(1, device=device), torch.ones(1, device=device))
+    found, one = flags
+    found.zero_()
     try:
-        torch._amp_foreach_non_finite_check_and_unscale_(grads, found, torch.ones(1, device=found.device))
+        torch._amp_foreach_non_finite_check_and_unscale_(grads, found, one)
     except (RuntimeError, AttributeError):
         return math.isfinite(torch.stack([g.float().sum() for g in grads]).sum().item())
     return found.item() == 0.0
+
+
+# device -> (found-inf flag, unscale factor 1): reused so a check allocates nothing
+_FLAGS: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
 def _nonfinite_parameter_names(engine: LoopBase) -> list[str]:
