@@ -28,6 +28,7 @@ checkpoint listing matches (:func:`is_temp_file`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pickle
@@ -36,7 +37,7 @@ import shutil
 import uuid
 import zipfile
 from collections.abc import Mapping
-from typing import Any, BinaryIO, Callable, Union
+from typing import Any, BinaryIO, Callable, Iterator, Union
 
 import torch
 
@@ -112,6 +113,23 @@ def _write_error(path: str, exc: BaseException) -> CheckpointError:
     )
 
 
+@contextlib.contextmanager
+def _replaced_atomically(path: str) -> Iterator[str]:
+    """Yield a temporary path beside ``path``; once the block has filled it, rename it over
+    ``path`` and fsync the directory. On any failure the temporary file is removed and an
+    ``Exception`` becomes a :class:`CheckpointError` naming ``path``."""
+    tmp = _temp_path(path)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException as exc:
+        _remove_quietly(tmp)
+        if isinstance(exc, Exception):
+            raise _write_error(path, exc) from exc
+        raise
+    _fsync_dir(os.path.dirname(path))
+
+
 def atomic_save(obj: Any, path: PathLike) -> str:
     """Save ``obj`` with :func:`torch.save` so that ``path`` is either old or complete.
 
@@ -156,19 +174,10 @@ def atomic_write(path: PathLike, write: Callable[[BinaryIO], Any]) -> str:
     >>> tmp.cleanup()
     """
     path = os.path.abspath(os.fspath(path))
-    tmp = _temp_path(path)
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as exc:
-        _remove_quietly(tmp)
-        if isinstance(exc, Exception):
-            raise _write_error(path, exc) from exc
-        raise
-    _fsync_dir(os.path.dirname(path))
+    with _replaced_atomically(path) as tmp, open(tmp, "wb") as f:
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())
     return path
 
 
@@ -187,21 +196,13 @@ def atomic_link(src: PathLike, dst: PathLike) -> str:
     """
     src = os.path.abspath(os.fspath(src))
     dst = os.path.abspath(os.fspath(dst))
-    tmp = _temp_path(dst)
-    try:
+    with _replaced_atomically(dst) as tmp:
         try:
             os.link(src, tmp)
         except OSError:
             shutil.copyfile(src, tmp)
             with open(tmp, "rb+") as f:
                 os.fsync(f.fileno())
-        os.replace(tmp, dst)
-    except BaseException as exc:
-        _remove_quietly(tmp)
-        if isinstance(exc, Exception):
-            raise _write_error(dst, exc) from exc
-        raise
-    _fsync_dir(os.path.dirname(dst))
     return dst
 
 
