@@ -21,11 +21,15 @@ from typing import TYPE_CHECKING, Iterable
 
 import torch
 
+from hat_ignite.engine.dispatch import fire_hat_event
 from hat_ignite.engine.events import HatEvents
+from hat_ignite.engine.processors.nonfinite import in_distributed_run
 from hat_ignite.errors import DataError
 
 if TYPE_CHECKING:
     from hat_ignite.engine.loop import LoopBase
+
+_STEP_BEGIN, _STEP_END = HatEvents.STEP_BEGIN.hat_index, HatEvents.STEP_END.hat_index  # type: ignore[attr-defined]
 
 
 def loader_length(data_loader: Iterable) -> int | None:
@@ -54,6 +58,7 @@ def set_sampler_epoch(data_loader: Iterable, epoch_id: int) -> None:
 
 
 def on_started(engine: LoopBase) -> None:
+    engine.multi_process = in_distributed_run()  # read once a run by the per-step checks
     engine.state.storage = {}
     engine.state.hat_batch_count = 0
     engine.state.epoch_open = False
@@ -77,11 +82,13 @@ def on_epoch_started(engine: LoopBase) -> None:
 def on_iteration_started(engine: LoopBase) -> None:
     state = engine.state
     state.step_id = state.iteration - 1 - state.epoch_first_step
-    engine.fire_event(HatEvents.STEP_BEGIN)
+    if engine.hat_handlers[_STEP_BEGIN]:  # the per-step bridges skip even the call when nobody listens
+        fire_hat_event(engine, HatEvents.STEP_BEGIN)
 
 
 def on_iteration_completed(engine: LoopBase) -> None:
-    engine.fire_event(HatEvents.STEP_END)
+    if engine.hat_handlers[_STEP_END]:
+        fire_hat_event(engine, HatEvents.STEP_END)
     if engine.stop_requested is not None:
         engine._stop_if_requested()
 

@@ -5,6 +5,9 @@ callbacks are attached (config-list order), so HAT callbacks and Ignite handlers
 exactly as registered, and Ignite's tools (``has_event_handler``, ``HandlersTimeProfiler``) see
 every callback by name. The hook's signature is checked once, when attached: a keyword the hook
 never passes is an error, and a method without ``**kwargs`` receives only the names it declares.
+A method whose ``**kwargs`` is only read by constant key (``kwargs["epoch_id"]``,
+``kwargs.get("batch")``) or not at all receives only those keys (see
+:mod:`hat_ignite.engine.kwargs_use`); any other ``**kwargs`` hook gets the full HAT keyword dict.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 from ignite.engine.events import RemovableEventHandle
 
 from hat_ignite.engine.events import EVENT_HOOKS, HOOK_EVENTS
+from hat_ignite.engine.kwargs_use import keywords_read
 from hat_ignite.engine.state import accepted_kwargs, kwargs_builder
 from hat_ignite.errors import CallbackSignatureError
 
@@ -37,8 +41,9 @@ def check_hook_signature(owner: Any, hook: str, method: Callable) -> frozenset[s
         method: the bound hook method.
 
     Returns:
-        ``None`` when the method takes ``**kwargs`` (it gets every keyword), else the set of
-        names to pass it.
+        ``None`` when the method needs every keyword (it takes ``**kwargs`` and uses it other
+        than by reading constant keys), else the set of names to pass it: the parameters it
+        declares plus the keys it reads from its ``**kwargs``.
 
     Raises:
         CallbackSignatureError: the method names a keyword the hook never passes, or takes
@@ -69,22 +74,29 @@ def check_hook_signature(owner: Any, hook: str, method: Callable) -> frozenset[s
                     f"it from **kwargs."
                 )
             wanted.add(p.name)
-    return None if takes_var_kw else frozenset(wanted)
+    if takes_var_kw:
+        read = keywords_read(method)
+        if read is None:
+            return None
+        wanted.update(read & available)  # a key the hook never passes stays absent, as in the full dict
+    return frozenset(wanted)
 
 
 class HookCall:
     """The Ignite handler that calls one HAT hook with its keywords.
 
     Holds the bound method (never the engine: Ignite passes the engine at each call), so
-    attaching a callback creates no reference cycle. A hook taking ``**kwargs`` gets the
-    firing's shared keyword dict (built once per firing, by the first such hook); a hook naming
-    its keywords gets a dict of just those, from a builder made once, at attach time.
+    attaching a callback creates no reference cycle. A hook needing the full ``**kwargs`` gets
+    the firing's shared keyword dict (built once per firing, by the first such hook); a hook
+    needing some keywords gets a dict of just those, from a builder made once, at attach time;
+    a hook needing none is called without arguments.
     """
 
     def __init__(self, hook: str, method: Callable, only: frozenset[str] | None) -> None:
         self.hook = hook
         self.method = method
         self.only = only
+        self.bare = only is not None and not only
         self.build = None if only is None else kwargs_builder(hook, tuple(sorted(only)))
         owner = getattr(method, "__self__", None)
         self.__name__ = hook
@@ -93,6 +105,8 @@ class HookCall:
     def __call__(self, engine: LoopBase) -> None:
         if self.build is None:
             self.method(**engine.hook_kwargs(self.hook))
+        elif self.bare:
+            self.method()
         else:
             self.method(**self.build(engine))
 
@@ -103,14 +117,16 @@ class HookCall:
 def fire_hat_event(engine: LoopBase, event: Any) -> None:
     """Call the handlers of a HAT event, in registration order; return at once if none.
 
-    The handlers are read from the engine's registry, so Ignite's ``add_event_handler``,
+    The handlers are read from the engine's registry (``engine.hat_handlers`` holds the lists of
+    Ignite's ``_event_handlers`` for the nine events, by ``event.hat_index``, so finding that an
+    event has no handler costs no hashing of the event), so Ignite's ``add_event_handler``,
     ``remove_event_handler``, event filters and profilers that wrap handlers all keep working.
     A HAT hook is called directly; any other handler as Ignite calls it (with the engine first
     when it was registered taking one). Unlike ``Engine.fire_event`` this skips Ignite's check
     of the event against the registered list (a HAT event always is registered) and its
     per-call debug message, which together cost more than a trivial handler.
     """
-    handlers = engine._event_handlers.get(event)
+    handlers = engine.hat_handlers[event.hat_index]
     if not handlers:
         return
     engine.last_event_name = event
@@ -121,7 +137,9 @@ def fire_hat_event(engine: LoopBase, event: Any) -> None:
     try:
         for func, args, kwargs in handlers:
             if func.__class__ is HookCall:  # inlined HookCall.__call__
-                if func.build is None:
+                if func.bare:
+                    func.method()
+                elif func.build is None:
                     if shared is None:
                         shared = cache.get(hook)
                         if shared is None:

@@ -30,6 +30,8 @@ True
 >>> filtered = HatEvents.STEP_END(every=3)   # an Ignite event filter
 >>> filtered == HatEvents.STEP_END
 True
+>>> [e.hat_index for e in (HatEvents.LOOP_BEGIN, HatEvents.STEP_END)]
+[0, 6]
 """
 
 from __future__ import annotations
@@ -52,6 +54,11 @@ class HatEvents(EventEnum):
     EPOCH_END = "hat_epoch_end"
     LOOP_END = "hat_loop_end"
 
+
+for _index, _event in enumerate(HatEvents):
+    # position of each event in the engine's ``hat_handlers`` list (see LoopBase.hat_handlers)
+    _event.hat_index = _index  # type: ignore[attr-defined]
+del _index, _event
 
 #: HAT callback method name -> the event it is attached to, in firing order.
 HOOK_EVENTS: dict[str, HatEvents] = {

@@ -152,6 +152,10 @@ class LoopBase(ResumableLoopMixin, Engine):
         super().__init__(batch_processor)
         self.state = HatState()
         self.register_events(*HatEvents, event_to_attr=EVENT_COUNTERS)
+        #: The handler lists of the nine HAT events, by ``event.hat_index``: the very lists of
+        #: Ignite's registry (kept in step by add/remove_event_handler), read without hashing.
+        self.hat_handlers: list[list] = []
+        self._refresh_hat_handlers()
         self.logger = logging.getLogger(f"hat_ignite.engine.{type(self).__name__}")
 
         stop_by = (stop_by or "epoch").lower()
@@ -207,6 +211,9 @@ class LoopBase(ResumableLoopMixin, Engine):
         self.ema_model: torch.nn.Module | None = None
         self.checkpoint: Any = None
         self._kwargs_cache: dict[str, dict[str, Any]] = {}
+        #: Whether this run trains in several processes (set when the run starts); the per-step
+        #: finiteness checks then all-reduce their flags.
+        self.multi_process = False
         self._init_resumable()
 
         for event, bridge in (
@@ -262,6 +269,22 @@ class LoopBase(ResumableLoopMixin, Engine):
             fire_hat_event(self, event_name)
             return
         super().fire_event(event_name)
+
+    def add_event_handler(self, event_name: Any, handler: Callable, *args: Any, **kwargs: Any) -> Any:
+        """Ignite's ``add_event_handler``; keeps :attr:`hat_handlers` pointing at the live lists."""
+        handle = super().add_event_handler(event_name, handler, *args, **kwargs)
+        self._refresh_hat_handlers()
+        return handle
+
+    def remove_event_handler(self, handler: Callable, event_name: Any) -> None:
+        """Ignite's ``remove_event_handler`` (which replaces the event's list); refreshes :attr:`hat_handlers`."""
+        super().remove_event_handler(handler, event_name)
+        self._refresh_hat_handlers()
+
+    def _refresh_hat_handlers(self) -> None:
+        if "hat_handlers" in self.__dict__:  # Engine.__init__ may add handlers before ours exist
+            registry = self._event_handlers
+            self.hat_handlers[:] = [registry[event] for event in HatEvents]
 
     def event_handlers(self, event: Any) -> list[str]:
         """Names of the handlers registered on ``event``, in the order they fire.

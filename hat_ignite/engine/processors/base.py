@@ -1,4 +1,4 @@
-"""What every batch processor shares: the interface, batch helpers and the one-batch step.
+"""What every batch processor shares: the interface and the one-batch step (helpers: batch_ops).
 
 The order of one training batch, top to bottom in :meth:`BatchProcessorMixin._run_batch`::
 
@@ -18,15 +18,24 @@ from __future__ import annotations
 import contextlib
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
+from hat_ignite.engine.dispatch import fire_hat_event
 from hat_ignite.engine.events import HatEvents
+from hat_ignite.engine.processors.batch_ops import (
+    as_model_args,
+    compose,
+    compose_inverse,
+    convert_channels_last,
+    move_to_device,
+    resolve_amp_dtype,
+    total_loss,
+)
 from hat_ignite.engine.processors.batch_check import MODEL_ERRORS, batch_failure, batch_spec, passes_through
 from hat_ignite.engine.processors.grad_clip import build_grad_clipper
-from hat_ignite.engine.processors.nonfinite import NonFiniteGuard, in_distributed_run
+from hat_ignite.engine.processors.nonfinite import NonFiniteGuard
 
 if TYPE_CHECKING:  # pragma: no cover
     from hat_ignite.engine.loop import LoopBase
@@ -34,105 +43,9 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["BatchProcessorMixin", "move_to_device", "convert_channels_last", "resolve_amp_dtype"]
 
 _NULL = contextlib.nullcontext()
-
-
-def move_to_device(batch: Any, device: torch.device) -> Any:
-    """Move every tensor in a (nested) batch to ``device``, keeping the containers' types.
-
-    >>> b = move_to_device({"x": [torch.ones(1)], "n": 3}, torch.device("cpu"))
-    >>> b["x"][0].device, b["n"]
-    (device(type='cpu'), 3)
-    """
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, Mapping):
-        return type(batch)((k, move_to_device(v, device)) for k, v in batch.items())  # type: ignore[call-arg]
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
-        return type(batch)(*(move_to_device(v, device) for v in batch))
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(move_to_device(v, device) for v in batch)
-    return batch
-
-
-def convert_channels_last(batch: Any, keys: Sequence[str] | None = None) -> Any:
-    """Convert 4-D tensors of a batch to ``torch.channels_last``.
-
-    Args:
-        batch: a tensor or a nested dict/list/tuple.
-        keys: convert only dict entries with these keys (at any depth); ``None`` converts every
-            4-D tensor.
-
-    >>> b = convert_channels_last({"img": torch.ones(1, 3, 4, 4), "mask": torch.ones(1, 2, 4, 4)}, ["img"])
-    >>> b["img"].is_contiguous(memory_format=torch.channels_last), b["mask"].is_contiguous(memory_format=torch.channels_last)
-    (True, False)
-    """
-    if isinstance(batch, torch.Tensor):
-        if keys is None and batch.dim() == 4:
-            return batch.contiguous(memory_format=torch.channels_last)
-        return batch
-    if isinstance(batch, Mapping):
-        out = {}
-        for k, v in batch.items():
-            if keys is not None and k in keys and isinstance(v, torch.Tensor) and v.dim() == 4:
-                out[k] = v.contiguous(memory_format=torch.channels_last)
-            else:
-                out[k] = convert_channels_last(v, keys)
-        return type(batch)(out) if not isinstance(batch, dict) or type(batch) is not dict else out
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
-        return type(batch)(*(convert_channels_last(v, keys) for v in batch))
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(convert_channels_last(v, keys) for v in batch)
-    return batch
-
-
-def resolve_amp_dtype(dtype: torch.dtype | str) -> torch.dtype:
-    """Accept ``torch.float16``/``torch.bfloat16`` or their names as configs write them.
-
-    >>> resolve_amp_dtype("bfloat16"), resolve_amp_dtype("torch.float16")
-    (torch.bfloat16, torch.float16)
-    """
-    if isinstance(dtype, str):
-        name = dtype.replace("torch.", "")
-        dtype = {"float16": torch.float16, "half": torch.float16, "bfloat16": torch.bfloat16}.get(name, dtype)
-    if dtype not in (torch.float16, torch.bfloat16):
-        raise ValueError(f"enable_amp_dtype must be torch.float16 or torch.bfloat16, got {dtype!r}.")
-    return dtype  # type: ignore[return-value]
-
-
-def _as_model_args(batch: Any) -> tuple:
-    return tuple(batch) if isinstance(batch, (list, tuple)) else (batch,)
-
-
-def _compose(transforms: Any) -> Callable | None:
-    if not transforms:
-        return None
-    if callable(transforms):
-        return transforms
-    funcs = list(transforms)
-
-    def composed(batch: Any) -> Any:
-        for f in funcs:
-            batch = f(batch)
-        return batch
-
-    return composed
-
-
-def _total_loss(losses: Any) -> torch.Tensor | None:
-    if losses.__class__ is list and len(losses) == 1:  # the common case: one loss, used as is
-        t = losses[0]
-        if isinstance(t, torch.Tensor):
-            return t.sum() if t.dim() else t
-    if isinstance(losses, torch.Tensor):
-        return losses.sum() if losses.dim() else losses
-    items = losses.values() if isinstance(losses, Mapping) else losses or ()
-    total = None
-    for t in items:
-        if t is None:
-            continue
-        t = t.sum() if t.dim() else t
-        total = t if total is None else total + t
-    return total
+_BATCH_BEGIN, _BACKWARD_END, _BATCH_END = (
+    HatEvents.BATCH_BEGIN.hat_index, HatEvents.BACKWARD_END.hat_index, HatEvents.BATCH_END.hat_index,  # type: ignore[attr-defined]
+)
 
 
 class BatchProcessorMixin(ABC):
@@ -191,8 +104,8 @@ class BatchProcessorMixin(ABC):
         if isinstance(grad_accumulation_step, bool) or not isinstance(grad_accumulation_step, int) or grad_accumulation_step < 1:
             raise ValueError(f"{name}: grad_accumulation_step must be an integer >= 1, got {grad_accumulation_step!r}.")
         self.need_grad_update = need_grad_update
-        self.transforms = _compose(batch_transforms)
-        self.inverse_transforms = _compose_inverse(inverse_transforms)
+        self.transforms = compose(batch_transforms)
+        self.inverse_transforms = compose_inverse(inverse_transforms)
         self.loss_collector = loss_collector
         self.enable_amp_dtype = resolve_amp_dtype(enable_amp_dtype)
         self.enable_channels_last = enable_channels_last
@@ -258,32 +171,29 @@ class BatchProcessorMixin(ABC):
     ) -> Any:
         """Forward (and backward) one (sub-)batch; see the module docstring for the order."""
         state = engine.state
+        listening = engine.hat_handlers  # per-event handler lists: an empty one is not fired
         state.batch_idx = batch_idx
         state.hat_batch_count += 1
         state.sub_batch = batch
         state.losses = state.sub_model_outs = None
-        engine.fire_event(HatEvents.BATCH_BEGIN)
+        if listening[_BATCH_BEGIN]:
+            fire_hat_event(engine, HatEvents.BATCH_BEGIN)
         phases = engine.phase_profiler  # None unless a profiler is attached
         if phases is not None:
             phases.begin("forward")
-        if engine.torch_device.type != "cpu":
-            batch = move_to_device(batch, engine.torch_device)
-        if self.transforms is not None:
-            batch = self.transforms(batch)
-        if self.enable_channels_last:
-            batch = convert_channels_last(batch, self.channels_last_keys)
-        state.sub_batch = batch
+        if self.transforms is not None or self.enable_channels_last or engine.torch_device.type != "cpu":
+            batch = self._prepare_batch(engine, batch)
+            state.sub_batch = batch
         model = engine.model
         if batch_idx not in self._first_batches:  # once per sub-batch index, for error messages
             self._first_batches[batch_idx] = (state.iteration, batch_spec(batch))
-        # DDP decides in the forward whether the backward all-reduces: a backward that does not
-        # end a sync group needs its forward inside no_sync() too.
-        forward_no_sync = None if sync or not self.need_grad_update else getattr(model, "no_sync", None)
+        need_grad = self.need_grad_update
         try:
-            with self._amp_context(engine), (_NULL if self.need_grad_update else torch.no_grad()), (
-                forward_no_sync() if forward_no_sync is not None else _NULL
-            ):
-                model_outs = model(*_as_model_args(batch))
+            if need_grad and not self.enable_amp and (sync or getattr(model, "no_sync", None) is None):
+                # the common training forward: no context to enter
+                model_outs = model(*batch) if isinstance(batch, (list, tuple)) else model(batch)
+            else:
+                model_outs = self._forward_in_context(engine, model, batch, sync)
         except MODEL_ERRORS as exc:
             if passes_through(exc):
                 raise
@@ -295,44 +205,82 @@ class BatchProcessorMixin(ABC):
         state.sub_model_outs = model_outs
         if phases is not None:
             phases.end()
-        if self.need_grad_update:
-            loss = _total_loss(losses)
-            if loss is None:
-                raise ValueError(
-                    f"{type(self).__name__}: the loss_collector found no loss tensor in the model "
-                    f"outputs of step {state.iteration - 1} (got {losses!r}). Check that the model "
-                    f"returns its losses in training mode and that the collector's index or regex matches."
-                )
-            # A CPU scalar is read for free, so check before the backward. On an accelerator the
-            # read waits for the device: check once the backward is queued, still before
-            # BACKWARD_END and the update (see docs/engine.md, "Non-finite losses").
-            total, check_after_backward = loss, self.check_finite_loss
-            if check_after_backward and loss.is_cpu:
-                if not math.isfinite(loss.item()) or in_distributed_run():
-                    self.nonfinite.check_loss(engine, total, losses, model_outs, batch_idx)
-                check_after_backward = False
-            if divisor != 1:
-                loss = loss / divisor
-            if self.grad_scaler is not None:
-                loss = self.grad_scaler.scale(loss)
-            if phases is not None:
-                phases.begin("backward")
-            no_sync = None if sync else getattr(model, "no_sync", None)
-            with no_sync() if no_sync is not None else _NULL:
-                loss.backward()
-            if check_after_backward and (not math.isfinite(total.item()) or in_distributed_run()):
-                self.nonfinite.check_loss(engine, total, losses, model_outs, batch_idx)
-            if phases is not None:
-                phases.end()
-            engine.fire_event(HatEvents.BACKWARD_END)
+        if need_grad:
+            self._backward(engine, model, losses, model_outs, batch_idx, divisor, sync)
+            if listening[_BACKWARD_END]:
+                fire_hat_event(engine, HatEvents.BACKWARD_END)
             if step_now:
                 self._optimizer_step(engine)
-        engine.fire_event(HatEvents.BATCH_END)
+        if listening[_BATCH_END]:
+            fire_hat_event(engine, HatEvents.BATCH_END)
         return model_outs
+
+    def _prepare_batch(self, engine: LoopBase, batch: Any) -> Any:
+        """Device move, batch transforms and channels_last, in that order."""
+        if engine.torch_device.type != "cpu":
+            batch = move_to_device(batch, engine.torch_device)
+        if self.transforms is not None:
+            batch = self.transforms(batch)
+        if self.enable_channels_last:
+            batch = convert_channels_last(batch, self.channels_last_keys)
+        return batch
+
+    def _forward_in_context(self, engine: LoopBase, model: Any, batch: Any, sync: bool) -> Any:
+        """The forward under autocast, ``no_grad`` (evaluation) and ``no_sync`` as they apply."""
+        # DDP decides in the forward whether the backward all-reduces: a backward that does not
+        # end a sync group needs its forward inside no_sync() too.
+        forward_no_sync = None if sync or not self.need_grad_update else getattr(model, "no_sync", None)
+        with self._amp_context(engine), (_NULL if self.need_grad_update else torch.no_grad()), (
+            forward_no_sync() if forward_no_sync is not None else _NULL
+        ):
+            return model(*as_model_args(batch))
+
+    def _backward(
+        self, engine: LoopBase, model: Any, losses: Any, model_outs: Any, batch_idx: int, divisor: int, sync: bool
+    ) -> None:
+        """Total loss -> finite check -> / accumulation group size -> (scaled) backward."""
+        state = engine.state
+        loss = total_loss(losses)
+        if loss is None:
+            raise ValueError(
+                f"{type(self).__name__}: the loss_collector found no loss tensor in the model "
+                f"outputs of step {state.iteration - 1} (got {losses!r}). Check that the model "
+                f"returns its losses in training mode and that the collector's index or regex matches."
+            )
+        # A CPU scalar is read for free, so check before the backward. On an accelerator the
+        # read waits for the device: check once the backward is queued, still before
+        # BACKWARD_END and the update (see docs/engine.md, "Non-finite losses").
+        total, check_after_backward = loss, self.check_finite_loss
+        if check_after_backward and loss.is_cpu:
+            if engine.multi_process or not math.isfinite(loss.item()):
+                self.nonfinite.check_loss(engine, total, losses, model_outs, batch_idx)
+            check_after_backward = False
+        if divisor != 1:
+            loss = loss / divisor
+        if self.grad_scaler is not None:
+            loss = self.grad_scaler.scale(loss)
+        phases = engine.phase_profiler
+        if phases is not None:
+            phases.begin("backward")
+        no_sync = None if sync else getattr(model, "no_sync", None)
+        if no_sync is None:
+            loss.backward()
+        else:
+            with no_sync():
+                loss.backward()
+        if check_after_backward and (engine.multi_process or not math.isfinite(total.item())):
+            self.nonfinite.check_loss(engine, total, losses, model_outs, batch_idx)
+        if phases is not None:
+            phases.end()
 
     def _begin_step(self, engine: LoopBase) -> tuple[int, bool]:
         """Zero the gradients when an accumulation group starts; return ``_accumulation()``."""
-        self._ensure_scaler(engine)
+        if self._wants_scaler:
+            self.ensure_grad_scaler(engine.torch_device)
+        if self.grad_accumulation_step == 1:  # every step is a whole group
+            engine.optimizer.zero_grad(set_to_none=True)
+            engine.state.grad_pending_steps = 0
+            return 1, True
         divisor, step_now = self._accumulation(engine)
         if engine.state.step_id % self.grad_accumulation_step == 0:
             engine.optimizer.zero_grad(set_to_none=True)
@@ -373,18 +321,3 @@ class BatchProcessorMixin(ABC):
             engine.optimizer.step()
         if phases is not None:
             phases.end()
-
-
-def _compose_inverse(transforms: Any) -> Callable | None:
-    if not transforms:
-        return None
-    if callable(transforms):
-        return transforms
-    funcs = list(transforms)
-
-    def composed(model_outs: Any, batch: Any) -> Any:
-        for f in funcs:
-            model_outs = f(model_outs, batch)
-        return model_outs
-
-    return composed

@@ -130,13 +130,16 @@ def grads_finite(grads: list[torch.Tensor]) -> bool:
     flags = _FLAGS.get(device)
     if flags is None:
         flags = _FLAGS[device] = (torch.zeros(1, device=device), torch.ones(1, device=device))
-    found, one = flags
-    found.zero_()
+    found, one = flags  # ``found`` is kept at 0 between checks: it is reset only after it was set
     try:
         torch._amp_foreach_non_finite_check_and_unscale_(grads, found, one)
     except (RuntimeError, AttributeError):
+        found.zero_()
         return math.isfinite(torch.stack([g.float().sum() for g in grads]).sum().item())
-    return found.item() == 0.0
+    if found.item() == 0.0:
+        return True
+    found.zero_()
+    return False
 
 
 # device -> (found-inf flag, unscale factor 1): reused so a check allocates nothing
@@ -192,10 +195,11 @@ class NonFiniteGuard:
 
     def allow_update(self, engine: LoopBase, scaler: Any) -> bool:
         """Whether the optimizer step may run now; raises under the ``"raise"`` policy."""
-        if self.pending is None and self.check_grad and not (scaler is not None and scaler.is_enabled()):
-            grads = _grads(engine.optimizer)
-            finite = grads_finite(grads)
-            if not all_ranks_finite(finite):
+        if self.pending is None and self.check_grad and (scaler is None or not scaler.is_enabled()):
+            finite = grads_finite(_grads(engine.optimizer))
+            if getattr(engine, "multi_process", True):
+                finite = all_ranks_finite(finite)
+            if not finite:
                 where = _where(engine.state, getattr(engine.state, "batch_idx", 0))
                 names = ", ".join(_nonfinite_parameter_names(engine)) or "on another rank"
                 if self.policy == "raise":
