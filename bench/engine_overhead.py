@@ -30,6 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 
+import workloads  # noqa: E402
 from workloads import VARIANTS, WORKLOADS, TimedBatches, lightning_available, make_batches  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -155,15 +156,25 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=None, help="rounds per workload (default 25)")
     parser.add_argument("--steps", type=int, default=None, help="steps per run (default per workload)")
     parser.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated: noop,mlp,cnn")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="time steps by the wall clock (default) or by this process's CPU time (robust to other load)")
+    parser.add_argument("--variants", default=None, help="comma-separated subset of: " + ",".join(VARIANTS))
     parser.add_argument("--rss-child", nargs=2, metavar=("WORKLOAD", "VARIANT"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    if args.clock == "cpu":
+        workloads.CLOCK = time.process_time
+    if args.variants:
+        only = set(args.variants.split(",")) | {"a", "b"}  # the pairs every row is taken against
+        for key in [k for k in VARIANTS if k not in only]:
+            del VARIANTS[key]
     if args.rss_child:
         rss_child(*args.rss_child, steps=args.steps or 50)
         return
     rounds = args.rounds or (1 if args.quick else 25)
     print(f"# engine overhead — {datetime.datetime.now().isoformat(timespec='minutes')}")
-    print(f"\n{versions()}; {platform.machine()}, {os.cpu_count()} CPUs, torch threads = {torch.get_num_threads()}")
+    print(f"\n{versions()}; {platform.machine()}, {os.cpu_count()} CPUs, torch threads = {torch.get_num_threads()}, "
+          f"clock: {'CPU time of the process' if args.clock == 'cpu' else 'wall'}")
     if not lightning_available():
         print("(e) skipped: pytorch-lightning is not installed (pip install -e '.[bench]').")
     for workload in args.workloads.split(","):

@@ -17,7 +17,7 @@ def test_quick_benchmark_prints_every_variant_row():
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
     rows = ["(a) hand-written loop", "(b) bare Ignite Engine", "(c) Trainer, no callbacks",
-            "(c10) Trainer + 10 trivial callbacks"]
+            "(c10) Trainer + 10 trivial callbacks", "(c10f) … each keeping its whole kwargs dict"]
     if importlib.util.find_spec("pytorch_lightning") is not None:
         rows.append("(e) PyTorch Lightning")
     else:
