@@ -82,7 +82,7 @@ def on_iteration_started(engine: LoopBase) -> None:
 
 def on_iteration_completed(engine: LoopBase) -> None:
     engine.fire_event(HatEvents.STEP_END)
-    if engine.stop_requested is not None:
+    if engine.stop_requested is not None or engine._stop_vote is not None:  # several processes vote each step
         engine._stop_if_requested()
 
 
