@@ -5,12 +5,15 @@ several at slightly different moments. If each process acted on its own flag, on
 leave the loop while the others wait for it in the next gradient all-reduce. So in a run of
 more than one process the training loop votes at every step boundary: each rank contributes
 its request code (0: none) to one all-reduce (``MAX``) of a single ``int32``, and every rank
-acts on the agreed code. A request that arrives while a vote is running is counted at the next
-step. With one process there is no collective at all.
+acts on the agreed code. With one process there is no collective at all.
 
-Cost: one all-reduce of 4 bytes per training step. With gloo on the CPU the flag stays on the
-CPU; with NCCL it lives on the process's GPU and reading it waits for the step's queued work
-(the loss check reads the loss once per step already).
+The vote is asynchronous so that its latency hides behind the next step: at the end of step
+``k`` a rank reads the result of the vote started at the end of step ``k - 1`` and starts the
+next one. Every rank reads the same result at the same step, so all stop after the same step,
+one step after the request reached them. A request that arrives while a vote runs is counted
+in the next one. Cost: one 4-byte all-reduce per training step, overlapped with the step (see
+docs/reliability.md for the figures). With gloo the flag stays on the CPU; with NCCL it lives
+on the process's GPU.
 
 >>> vote = StopVote.for_this_run(torch.device("cpu"))
 >>> vote is None    # one process: nothing to agree on
@@ -18,6 +21,8 @@ True
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 
@@ -35,6 +40,7 @@ class StopVote:
 
     def __init__(self, device: torch.device) -> None:
         self._flag = torch.zeros(1, dtype=torch.int32, device=device)
+        self._work: Any = None
 
     @classmethod
     def for_this_run(cls, device: torch.device) -> StopVote | None:
@@ -46,7 +52,23 @@ class StopVote:
         return cls(torch.device("cpu") if on_cpu else device)
 
     def agree(self, code: int) -> int:
-        """Every rank's largest stop code (0: no rank asked to stop); all ranks must call it."""
+        """The largest code any rank gave to the previous call (0: none); all ranks must call it.
+
+        ``code`` itself is all-reduced in the background and answered by the next call.
+        """
+        agreed = 0
+        if self._work is not None:
+            self._work.wait()
+            self._work = None
+            agreed = int(self._flag.item())
+            if agreed:
+                return agreed
         self._flag.fill_(int(code))
-        torch.distributed.all_reduce(self._flag, op=torch.distributed.ReduceOp.MAX)
-        return int(self._flag.item())
+        self._work = torch.distributed.all_reduce(self._flag, op=torch.distributed.ReduceOp.MAX, async_op=True)
+        return agreed
+
+    def close(self) -> None:
+        """Wait for the vote still running (all ranks call it at the same point)."""
+        if self._work is not None:
+            self._work.wait()
+            self._work = None
