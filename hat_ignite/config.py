@@ -185,6 +185,34 @@ class Config(Mapping):
         """The config values as a plain dict (not a copy of the values)."""
         return dict(self._data)
 
+    # -- building --------------------------------------------------------------------------
+    def build(self, key: str) -> Any:
+        """Build the object the value at ``key`` describes (with the registry).
+
+        Every build error names this config's file and the key path inside it.
+
+        Raises:
+            ConfigError: ``"<file>: <key path>: <problem and fix>"``, e.g. an unknown type or an
+                argument its constructor rejects; also when ``key`` is not in the config.
+
+        >>> cfg = Config({"delay": {"type": "datetime.timedelta", "minutes": 2}}, filename="cfg.py")
+        >>> cfg.build("delay").total_seconds()
+        120.0
+        >>> cfg["delay"]["type"] = "Trainr"
+        >>> cfg.build("delay")
+        Traceback (most recent call last):
+        ...
+        hat_ignite.errors.ConfigError: cfg.py: delay.type: unknown type 'Trainr': ... Did you mean 'Trainer'? ...
+        """
+        from hat_ignite.registry import build_from_cfg  # the registry imports configs' values lazily
+
+        if key not in self._data:
+            raise ConfigError(self._missing(key))
+        try:
+            return build_from_cfg(self._data[key], key_path=key)
+        except ConfigError as exc:
+            raise ConfigError(f"{self.filename}: {exc}") from exc
+
     # -- stages ----------------------------------------------------------------------------
     def stages(self) -> dict[str, list[str]]:
         """Map each stage name to its engine keys, in config order.

@@ -85,6 +85,28 @@ def test_builder_failures_are_config_errors_naming_the_key_path(digits, data, va
         assert str(exc).startswith("float_trainer"), str(exc)
 
 
+@settings(max_examples=20, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(data=st.data(), value=BAD_VALUES)
+def test_building_a_loaded_config_names_the_file_and_the_key_path(digits, data, value):
+    cfg = Config(copy.deepcopy(digits.to_dict()), filename=digits.filename)
+    path = data.draw(st.sampled_from(_mutable_paths(digits)))
+    target = cfg["float_trainer"]
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    try:
+        with no_hang():
+            cfg.build("float_trainer")
+    except ConfigError as exc:
+        assert str(exc).startswith(f"{DIGITS_CONFIG}: float_trainer"), str(exc)
+
+
+def test_building_a_missing_key_names_the_file(digits):
+    with pytest.raises(ConfigError, match=rf"^{DIGITS_CONFIG}.* has no key 'float_trainr'.*Did you mean 'float_trainer'"):
+        digits.build("float_trainr")
+
+
 @FUZZ
 @given(source=st.one_of(
     st.text(max_size=200),

@@ -15,7 +15,8 @@ ema_state_dict      weights of ``loop.ema_model`` or None
 callbacks           ``{"ClassName": cb.state_dict()}`` for each stateful callback (a second
                     callback of the same class is ``"ClassName#1"``, and so on)
 progress            Ignite counters: ``epoch``, ``iteration`` (steps done), ``epoch_length``,
-                    and the run's ``stop_by``, ``num_epochs``, ``num_steps``
+                    the run's ``stop_by``, ``num_epochs``, ``num_steps``, and ``world_size``
+                    (the number of training processes that wrote it)
 rng                 python / numpy / torch (and CUDA) generator states as tensors and numbers
 data                the data position (``loop.data_state_dict()``): steps done in the running
                     epoch, whether its on_epoch_end hooks are still to run, and the generator
@@ -30,6 +31,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+import ignite.distributed as idist
 import torch
 from torch import nn
 
@@ -107,6 +109,7 @@ def training_state(loop: LoopBase, epoch_id: int, global_step_id: int) -> dict[s
             "stop_by": str(loop.stop_by),
             "num_epochs": loop.num_epochs,
             "num_steps": loop.num_steps,
+            "world_size": int(idist.get_world_size()),
         },
         "rng": rng_state(),
         "data": loop.data_state_dict() if callable(getattr(loop, "data_state_dict", None)) else None,

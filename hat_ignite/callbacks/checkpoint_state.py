@@ -15,6 +15,7 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Callable
 
+import ignite.distributed as idist
 import torch
 from torch import nn
 
@@ -191,6 +192,27 @@ def _restore_optimizer(
             skipped.append("grad_scaler (the batch processor has no GradScaler yet)")
 
 
+def _check_world_size(progress: Mapping[str, Any], path: str) -> None:
+    """Refuse to continue a run with another number of processes than the one that saved it.
+
+    Each process's share of an epoch, the steps per epoch and the global batch depend on the
+    number of processes, so the saved position and generators only continue the run exactly
+    with the same number. Checkpoints without a recorded ``world_size`` are not checked.
+    """
+    saved = progress.get("world_size")
+    world = int(idist.get_world_size())
+    if saved is None or int(saved) == world:
+        return
+    raise CheckpointError(
+        f"Checkpoint {path} was written by a run of {int(saved)} training process(es), but this run has "
+        f"{world}. Its progress, data position and random generators belong to {int(saved)} processes (the "
+        f"number of processes sets each one's share of an epoch and the global batch), so the run cannot "
+        f"continue exactly. Resume it with {int(saved)} processes (hat-train ... --nproc {int(saved)}), or start "
+        f"a new run from its weights only (resume_epoch_or_step=False, or LoadCheckpoint in "
+        f"model_convert_pipeline without --resume)."
+    )
+
+
 def _restore_progress(
     loop: LoopBase, ckpt: Mapping[str, Any], path: str, restored: list[str], skipped: list[str]
 ) -> None:
@@ -199,6 +221,7 @@ def _restore_progress(
         return
     progress = ckpt.get("progress")
     if isinstance(progress, Mapping):
+        _check_world_size(progress, path)
         iteration = int(progress["iteration"])
         saved_length = progress.get("epoch_length")
         try:

@@ -127,8 +127,6 @@ def build_stage(cfg: Config, stage_key: str) -> Any:
     Raises:
         CliError: the config does not build; the message names the config file and the key path.
     """
-    from hat_ignite.registry import build_from_cfg
-
     node = cfg[stage_key]
     if "type" not in node:
         raise CliError(
@@ -136,9 +134,9 @@ def build_stage(cfg: Config, stage_key: str) -> Any:
             f"type='Trainer' or type='Predictor'."
         )
     try:
-        engine = build_from_cfg(node, key_path=stage_key)
-    except ConfigError as exc:
-        raise CliError(f"{cfg.filename}: {exc}") from exc
+        engine = cfg.build(stage_key)
+    except ConfigError as exc:  # names the file and the key path already
+        raise CliError(str(exc)) from exc
     except Exception as exc:  # a constructor failing for another reason than its arguments
         raise CliError(f"{cfg.filename}: building {stage_key} failed: {type(exc).__name__}: {exc}") from exc
     if not callable(getattr(engine, "fit", None)):

@@ -9,18 +9,32 @@ nothing. Processes are started by :func:`hat_ignite.engine.launcher.build_launch
 A config whose trainer is a ``Trainer`` is built as a ``DistributedDataParallelTrainer`` when the
 run has more than one process; a ``DistributedDataParallelTrainer`` config always runs through
 the distributed launcher (one process when no option asks for more).
+
+Stopping by signal. Each rank handles SIGTERM/SIGINT itself (see :mod:`hat_ignite.cli.resume`)
+and the ranks vote at every step, so all stop after the same step, rank 0 writes the resumable
+checkpoint, and the job exits 143 (SIGTERM) or 130 (SIGINT), whether the signal reached every
+process (torchrun, a terminal's Ctrl-C), one rank, or only the launching process (a scheduler
+signalling the parent): the launching process passes its signal to the ranks through shared
+memory, which each rank reads at every step end (not by signalling them again, which would
+count as a second signal). A second signal to the launching process kills the ranks at once.
+A rank that dies (SIGKILL, a crash) ends the job with exit code 1: Ignite's launcher stops the
+other ranks.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import multiprocessing
+import os
+import signal
 import sys
+import threading
 from typing import Any, Callable, Sequence
 
 from hat_ignite.cli.common import CliError
 
-__all__ = ["add_distributed_arguments", "distributed_stage", "is_main_process"]
+__all__ = ["add_distributed_arguments", "distributed_stage", "follow_launcher_signals", "is_main_process"]
 
 logger = logging.getLogger("hat_ignite.cli.distributed")
 
@@ -32,6 +46,13 @@ class _Worker:
 
     launched = False
     device: Any = None
+    #: Shared with the launching process: the largest stop exit code of the ranks (143, 130).
+    exit_box: Any = None
+    #: Shared with the launching process: the signal it received (0: none).
+    stop_box: Any = None
+
+
+_STOP_EXITS = (128 + signal.SIGTERM, 128 + signal.SIGINT)
 
 
 def _device_ids(text: str) -> list[int]:
@@ -73,9 +94,31 @@ def is_main_process() -> bool:
     return idist.get_rank() == 0
 
 
-def _worker(device: Any, body: Callable[[list[str]], int], argv: list[str]) -> None:
+def follow_launcher_signals(trainer: Any) -> None:
+    """In a started rank: request a stop when the launching process receives SIGTERM/SIGINT.
+
+    The rank reads the signal the launcher stored in shared memory at each step end (a
+    read of one int); the rank's own signal handlers are not involved, so a signal that reached
+    both the launcher and the rank counts once.
+    """
+    box = _Worker.stop_box
+    if box is None:
+        return
+    from ignite.engine import Events
+
+    def poll(_engine: Any) -> None:
+        signum = box.value
+        if signum and trainer.stop_requested is None and trainer.stopped_by is None:
+            trainer.request_stop(f"the launching process received {signal.Signals(signum).name}", code=signum)
+
+    trainer.add_event_handler(Events.ITERATION_COMPLETED, poll)
+
+
+def _worker(device: Any, body: Callable[[list[str]], int], argv: list[str], exit_box: Any = None,
+            stop_box: Any = None) -> None:
     """Run the command as one process of a DDP job (module level: the spawn method pickles it)."""
     _Worker.launched, _Worker.device = True, device
+    _Worker.exit_box, _Worker.stop_box = exit_box, stop_box
     import ignite.distributed as idist
 
     try:
@@ -84,8 +127,35 @@ def _worker(device: Any, body: Callable[[list[str]], int], argv: list[str]) -> N
         if idist.get_world_size() > 1:  # say which rank failed: only rank 0 logs
             print(f"hat-train (rank {idist.get_rank()}): error: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         raise
+    if code in _STOP_EXITS and exit_box is not None:  # stopped by a signal, checkpoint saved
+        with exit_box.get_lock():
+            exit_box.value = max(exit_box.value, code)
+        return
     if code:
         raise CliError(f"rank {idist.get_rank()} exited with code {code}")
+
+
+def _forward_stop_signals(stop_box: Any) -> Callable[[], None]:
+    """In the launching process: store a SIGTERM/SIGINT for the ranks; a second one kills them."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        if stop_box.value:
+            os.write(2, f"hat-train: second {signal.Signals(signum).name}: stopping all ranks now "
+                        f"without saving\n".encode())
+            for child in multiprocessing.active_children():
+                child.kill()
+            os._exit(128 + signum)
+        stop_box.value = signum
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def restore() -> None:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+    return restore
 
 
 def distributed_stage(
@@ -129,9 +199,17 @@ def distributed_stage(
     if getattr(args, "dry_run", False):
         raise CliError("--dry-run builds in one process; it cannot build a DistributedDataParallelTrainer.")
     launch = build_launcher(_DDP)
-    launch(
-        _worker, device_ids=args.device_ids, num_processes=args.nproc, nnodes=args.nnodes, node_rank=args.node_rank,
-        master_addr=args.master_addr, master_port=args.master_port, timeout=args.dist_timeout,
-        args=(body, list(argv)),
-    )
-    return 0
+    context = multiprocessing.get_context("spawn")
+    exit_box, stop_box = context.Value("i", 0), context.Value("i", 0, lock=False)
+    restore = (lambda: None) if is_torchrun() else _forward_stop_signals(stop_box)  # torchrun signals every rank
+    try:
+        launch(
+            _worker, device_ids=args.device_ids, num_processes=args.nproc, nnodes=args.nnodes,
+            node_rank=args.node_rank, master_addr=args.master_addr, master_port=args.master_port,
+            timeout=args.dist_timeout, args=(body, list(argv), exit_box, stop_box),
+        )
+    finally:
+        restore()
+    if exit_box.value:
+        return int(exit_box.value)
+    return 128 + int(stop_box.value) if stop_box.value else 0

@@ -142,7 +142,7 @@ def install_stop_signals(trainer: Any) -> tuple[list[int], Callable[[], None]]:
             os.write(2, f"hat-train: second {signal.Signals(signum).name}: exiting now without saving\n".encode())
             os._exit(128 + signum)
         received.append(signum)
-        trainer.request_stop(f"received {signal.Signals(signum).name}")
+        trainer.request_stop(f"received {signal.Signals(signum).name}", code=signum)
 
     previous = {sig: signal.signal(sig, on_signal) for sig in _SIGNALS}
 
@@ -155,7 +155,7 @@ def install_stop_signals(trainer: Any) -> tuple[list[int], Callable[[], None]]:
 
 def stop_report(trainer: Any, signum: int, argv: Sequence[str], work_path: str) -> int:
     """Log how the run stopped and how to resume it; return the exit code (128 + ``signum``)."""
-    name = signal.Signals(signum).name
+    name = signal.Signals(signum).name if signum in set(signal.Signals) else f"stop request {signum}"
     saved = [p for p in getattr(trainer, "resume_points", []) if p]
     state = trainer.state
     if getattr(trainer, "stopped_by", None) is None:

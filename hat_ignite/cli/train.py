@@ -9,7 +9,9 @@ built, so a bad config leaves nothing behind. ``--resume`` continues a run from 
 (see :mod:`hat_ignite.cli.resume`). SIGTERM or SIGINT stops training at the next step boundary:
 the ``Checkpoint`` callback writes a resumable checkpoint, ``metrics.json`` is written with
 ``"stopped_by_signal": true``, the log names the command that resumes, and the exit code is 143
-(SIGTERM) or 130 (SIGINT); a second signal exits at once.
+(SIGTERM) or 130 (SIGINT); a second signal exits at once. In a multi-process run the signal may
+reach every process, one rank, or only the launching process: all ranks stop after the same
+step and the job exits the same way (see :mod:`hat_ignite.cli.distributed`).
 """
 
 from __future__ import annotations
@@ -34,7 +36,12 @@ from hat_ignite.cli.common import (
     write_metrics,
 )
 
-from hat_ignite.cli.distributed import add_distributed_arguments, distributed_stage, is_main_process
+from hat_ignite.cli.distributed import (
+    add_distributed_arguments,
+    distributed_stage,
+    follow_launcher_signals,
+    is_main_process,
+)
 from hat_ignite.cli.resume import add_resume_argument, apply_resume, install_stop_signals, stop_report
 from hat_ignite.cli.stages import check_stage_inputs, record_lineage
 
@@ -153,6 +160,7 @@ def _train(argv: Sequence[str]) -> int:
     if args.resume:
         apply_resume(trainer, args.resume, cfg[stage_key], work_path)
     received, restore_signals = install_stop_signals(trainer)
+    follow_launcher_signals(trainer)
     start = time.perf_counter()
     try:
         trainer.fit()
@@ -166,14 +174,16 @@ def _train(argv: Sequence[str]) -> int:
     finally:
         restore_signals()
     record = _metrics_record(trainer, args.stage, cfg.filename, time.perf_counter() - start)
-    record["stopped_by_signal"] = bool(received)
+    # a rank of a multi-process run may stop because another rank (or the launcher) got the signal
+    signum = trainer.stop_code if trainer.stopped_by is not None else (received[0] if received else None)
+    record["stopped_by_signal"] = signum is not None
     if main_process:
         write_metrics(work_dir.file("metrics.json"), f"{args.stage}_train", record)
     from hat_ignite.cli.curves import write_run_curves
 
     write_run_curves(trainer, work_path)
-    if received:
-        return stop_report(trainer, received[0], argv, work_path)
+    if signum is not None:
+        return stop_report(trainer, signum, argv, work_path)
     output = (record["best"] or {}).get("checkpoint") or cfg.get(f"{args.stage}_checkpoint")
     if main_process:
         record_lineage(

@@ -89,7 +89,7 @@ def on_iteration_started(engine: LoopBase) -> None:
 def on_iteration_completed(engine: LoopBase) -> None:
     if engine.hat_handlers[_STEP_END]:
         fire_hat_event(engine, HatEvents.STEP_END)
-    if engine.stop_requested is not None:
+    if engine.stop_requested is not None or engine._stop_vote is not None:  # several processes vote each step
         engine._stop_if_requested()
 
 
@@ -113,6 +113,8 @@ def close_epoch(engine: LoopBase) -> None:
 
 
 def on_completed(engine: LoopBase) -> None:
+    if engine._stop_vote is not None:
+        engine._stop_vote.close()  # the last step's vote: no step is left to act on it
     if engine.state.epoch_open and engine.stopped_by is None:  # a step limit or terminate() stopped it partway
         close_epoch(engine)
     engine.fire_event(HatEvents.LOOP_END)

@@ -25,6 +25,9 @@ Stopping. :meth:`~ResumableLoopMixin.request_stop` (safe to call from a signal h
 stores the reason) makes the loop stop at the next step boundary: each callback with a
 ``save_resume_point(loop)`` method (``Checkpoint``) writes a resumable checkpoint, the loop
 terminates without closing the partial epoch (no ``on_epoch_end``), and ``on_loop_end`` fires.
+In a run of several processes the ranks vote at every step boundary
+(:class:`~hat_ignite.engine.stop_vote.StopVote`), so a request that reaches any rank stops all of
+them after the same step; rank 0 writes the checkpoint and the others wait for it.
 """
 
 from __future__ import annotations
@@ -33,7 +36,10 @@ import logging
 from collections.abc import Mapping
 from typing import Any, Callable
 
+import torch
+
 from hat_ignite.engine.resume import ResumableData, set_rng_state
+from hat_ignite.engine.stop_vote import StopVote
 
 __all__ = ["ResumableLoopMixin"]
 
@@ -60,6 +66,10 @@ class ResumableLoopMixin:
         self._replay_epoch_end = False
         #: The reason passed to :meth:`request_stop`, until the loop acts on it.
         self.stop_requested: str | None = None
+        #: The code of the request (the CLI passes the signal number); after a stop, the code
+        #: all ranks agreed on.
+        self.stop_code = 0
+        self._stop_vote: StopVote | None = None
         #: The reason the last ``fit()`` stopped early on request (``None``: it did not).
         self.stopped_by: str | None = None
         #: What each ``save_resume_point`` returned when the loop stopped on request.
@@ -77,12 +87,21 @@ class ResumableLoopMixin:
             raise TypeError(f"schedule_resume needs an object with resume(loop), got {type(resumer).__name__}.")
         self._resumers.append(resumer)
 
-    def request_stop(self, reason: str) -> None:
+    def request_stop(self, reason: str, code: int = 1) -> None:
         """Stop at the next step boundary, after saving a resumable checkpoint.
 
         Only records ``reason``; the loop acts on it once the running step (and its
         ``on_step_end`` hooks) has finished. Safe to call from a signal handler or another thread.
+        In a multi-process run every rank stops after the same step (see the module docstring).
+
+        Args:
+            reason: why, for the log (``"received SIGTERM"``).
+            code: a positive number saying why to the other ranks (the CLI passes the signal
+                number); where ranks ask with different codes, all take the largest.
         """
+        if int(code) <= 0:
+            raise ValueError(f"request_stop: code must be a positive int, got {code!r}.")
+        self.stop_code = int(code)
         self.stop_requested = str(reason)
 
     def data_state_dict(self) -> dict[str, Any] | None:
@@ -141,9 +160,11 @@ class ResumableLoopMixin:
         """The iterable ``run()`` goes over; places a pending position into it."""
         self.stopped_by = None
         self.resume_points = []
-        if self.optimizer is None:  # loops that do not train never resume
+        if self.optimizer is None:  # loops that do not train never resume (nor vote on stopping)
             self._data = None
+            self._stop_vote = None
             return self.data_loader
+        self._stop_vote = StopVote.for_this_run(getattr(self, "torch_device", torch.device("cpu")))
         self._data = ResumableData(self.data_loader)
         pending, self._pending_position = self._pending_position, None
         self._boundary_rng, self._replay_epoch_end = None, False
@@ -188,15 +209,27 @@ class ResumableLoopMixin:
             self._boundary_rng = None
 
     def _stop_if_requested(self) -> None:
-        """At a step boundary: save resume points and terminate when a stop was requested."""
-        reason = self.stop_requested
-        if reason is None:
+        """At a step boundary: save resume points and terminate when a stop was requested.
+
+        With several processes every rank calls this at every step: the ranks vote, and all
+        of them stop when any asked to.
+        """
+        reason = self.stop_requested  # read once: a signal may set it during the vote
+        code = self.stop_code if reason is not None else 0
+        vote = self._stop_vote
+        if vote is not None:
+            code = vote.agree(code)
+            if code and reason is None:
+                reason = self.stop_requested or f"another process asked to stop (code {code})"
+        if not code:
             return
         self.stop_requested = None
-        self.stopped_by = reason
+        self.stopped_by, self.stop_code = reason, code
         for cb in self.callbacks:
             save = getattr(cb, "save_resume_point", None)
             if callable(save):
                 self.resume_points.append(save(self))
+        if vote is not None:
+            torch.distributed.barrier()  # rank 0 has written the checkpoint when any rank goes on
         self.logger.warning("Stopping after global step %d: %s.", self.state.iteration - 1, reason)
         self.terminate()  # type: ignore[attr-defined]
