@@ -158,12 +158,18 @@ def test_running_sums_fold_and_count():
     counts = RunningCounts()
     assert counts.compute() is None
     hits = sum(i % 3 for i in range(200))
-    for i in range(200):  # more updates than one fold holds; counts on the host and as tensors
-        counts.update(torch.tensor(i % 3), 2 if i % 2 else torch.tensor(2))
+    for i in range(200):  # more updates than one fold holds; counts on the host and as masks
+        mask = torch.arange(4) < i % 3
+        counts.update(mask, 2 if i % 2 else torch.tensor([True, False, True, False]))
     assert counts.totals().tolist() == [hits, 400, 200]
     assert float(counts.compute()) == float(torch.tensor(hits, dtype=torch.float32) / torch.tensor(400.0))
+    big = RunningCounts()
+    for _ in range(3):  # masks of a million elements are counted at once
+        big.update(torch.ones(2**20, dtype=torch.bool), 2**20)
+        assert not big._pending_hits
+    assert big.totals().tolist() == [3 * 2**20, 3 * 2**20, 3]
     counts.reset()
-    counts.update(torch.tensor(0), 0)
+    counts.update(torch.zeros(0, dtype=torch.bool), 0)
     assert float(counts.compute()) == 0.0 and counts.compute(nan_if_none_counted=True) is None
     mean = RunningMean()
     assert mean.compute() is None

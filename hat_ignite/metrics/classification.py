@@ -136,19 +136,19 @@ class _MulticlassAccuracy(EvalMetric):
         """Top-1 hits of float ``preds`` scores against ``labels`` on the same device."""
         hits = preds.argmax(1) == labels
         if self.ignore_index is None:
-            self._scores.update(torch.count_nonzero(hits), labels.numel())  # type: ignore[union-attr]
+            self._scores.update(hits, labels.numel())  # type: ignore[union-attr]
         else:
             keep = labels != self.ignore_index
-            self._scores.update(torch.count_nonzero(hits & keep), torch.count_nonzero(keep))  # type: ignore[union-attr]
+            self._scores.update(hits & keep, keep)  # type: ignore[union-attr]
 
     def _count_indices(self, labels: torch.Tensor, preds: torch.Tensor) -> None:
         """Hits of int64 class-index ``preds`` against ``labels`` on the same device."""
         hits = preds == labels
         if self.ignore_index is None:
-            self._hits.update(torch.count_nonzero(hits), labels.numel())
+            self._hits.update(hits, labels.numel())
         else:
             keep = labels != self.ignore_index
-            self._hits.update(torch.count_nonzero(hits & keep), torch.count_nonzero(keep))
+            self._hits.update(hits & keep, keep)
 
     def _update_checked(self, labels: Any, preds: Any) -> None:
         """Check the inputs in full, count them and remember their signature."""

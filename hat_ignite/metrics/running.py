@@ -24,10 +24,10 @@ no update since the last reset.
 >>> float(mean.compute())
 1.75
 >>> counts = RunningCounts()
->>> counts.update(torch.tensor(3), 4)      # 3 hits among 4 samples
->>> counts.update(torch.tensor(1), torch.tensor(4))  # the count may be a tensor too
+>>> counts.update(torch.tensor([True, True, False, True]), 4)      # 3 hits among 4 samples
+>>> counts.update(torch.tensor([True, False, False]), torch.tensor([True, False, True]))  # 1 of 2
 >>> float(counts.compute())
-0.5
+0.6666666865348816
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ from hat_ignite.metrics.base import _world_size
 
 __all__ = ["RunningMean", "RunningCounts"]
 
-_FOLD_EVERY = 64  # RunningCounts folds its pending per-update counts into one sum this often
+_FOLD_EVERY = 64  # RunningCounts counts its pending masks at least this often (updates) ...
+_FOLD_SIZE = 2**20  # ... and once they hold this many elements
 
 
 def _sum_over_ranks(values: torch.Tensor) -> torch.Tensor:
@@ -99,14 +100,16 @@ class RunningMean:
 
 
 class RunningCounts:
-    """Hits among counted samples: integer counts, summed lazily.
+    """Hits among counted samples: boolean masks, counted lazily.
 
-    ``update`` only appends the batch's hit count (a tensor) to a list, folded into one int64
-    sum every few dozen updates and before a value is read, so an update costs no tensor op. A
-    counted-sample number known on the host (the batch size) stays a Python int.
+    ``update`` only keeps the batch's hit mask (a boolean tensor the caller made and does not
+    touch again) in a list; the masks are counted together, into one int64 sum, every few dozen
+    updates (or once they hold about a million elements) and before a value is read. That takes
+    the counting off the per-step path. A counted-sample number known on the host (the batch
+    size) stays a Python int; otherwise a mask of the counted samples is kept the same way.
     """
 
-    __slots__ = ("hits", "counted", "host_counted", "updates", "_pending_hits", "_pending_counted")
+    __slots__ = ("hits", "counted", "host_counted", "updates", "_pending_hits", "_pending_counted", "_pending_size")
 
     def __init__(self) -> None:
         self.hits: torch.Tensor | None = None
@@ -115,9 +118,10 @@ class RunningCounts:
         self.updates = 0
         self._pending_hits: list[torch.Tensor] = []
         self._pending_counted: list[torch.Tensor] = []
+        self._pending_size = 0
 
     def update(self, hits: torch.Tensor, counted: int | torch.Tensor) -> None:
-        """Add a batch: ``hits`` a 0-d integer tensor, ``counted`` an int or a 0-d integer tensor."""
+        """Add a batch: ``hits`` a boolean mask of the hits, ``counted`` an int or a boolean mask."""
         pending = self._pending_hits
         pending.append(hits)
         if counted.__class__ is int:
@@ -125,18 +129,21 @@ class RunningCounts:
         else:
             self._pending_counted.append(counted)
         self.updates += 1
-        if len(pending) >= _FOLD_EVERY:
+        self._pending_size += hits.numel()
+        if len(pending) >= _FOLD_EVERY or self._pending_size >= _FOLD_SIZE:
             self._fold()
 
     def _fold(self) -> None:
+        self._pending_size = 0
         for name, pending in (("hits", self._pending_hits), ("counted", self._pending_counted)):
             if not pending:
                 continue
             device = pending[-1].device
-            batch = torch.stack([p.to(device) for p in pending]).sum(dtype=torch.int64)
+            counts = [torch.count_nonzero(p).to(device) for p in pending]
             pending.clear()
+            total = counts[0] if len(counts) == 1 else torch.stack(counts).sum()
             old = getattr(self, name)
-            setattr(self, name, batch if old is None else old.to(device) + batch)
+            setattr(self, name, total if old is None else old.to(device) + total)
 
     def totals(self, device: torch.device | None = None) -> torch.Tensor:
         """``[hits, counted, updates]`` of this process as an int64 tensor (folds what is pending)."""
