@@ -31,8 +31,12 @@ def metric_values(rank: int, world_size: int) -> dict[str, object]:
     from hat_ignite.metrics import Accuracy, LossShow, MeanAveragePrecision, MeanIoU, TopKAccuracy
 
     metrics = {"acc": Accuracy(), "top2": TopKAccuracy(top_k=2), "loss": LossShow(), "miou": MeanIoU(num_classes=3),
-               "map": MeanAveragePrecision(num_classes=4)}
+               "map": MeanAveragePrecision(num_classes=4), "acc_ignore": Accuracy(ignore_index=-1),
+               "acc_index": Accuracy(), "losses": LossShow(), "first_only": Accuracy(), "loss_first": LossShow()}
     for i, (labels, logits, loss, seg_labels, seg_preds) in enumerate(fixed_data()):
+        if i == 0 and rank == 0:  # updated on one rank only: the others still take part in get()
+            metrics["first_only"].update(labels, logits)
+            metrics["loss_first"].update(loss)
         if i % world_size != rank:
             continue
         metrics["acc"].update(labels, logits)
@@ -40,6 +44,9 @@ def metric_values(rank: int, world_size: int) -> dict[str, object]:
         metrics["loss"].update(loss)
         metrics["map"].update(labels, logits)
         metrics["miou"].update(seg_labels, seg_preds)
+        metrics["acc_ignore"].update(torch.where(labels == 3, -1, labels), logits)
+        metrics["acc_index"].update(labels, logits.argmax(1))
+        metrics["losses"].update({"cls": loss, "reg": loss * 2 + logits.mean()})
     return {key: metric.get() for key, metric in metrics.items()}
 
 

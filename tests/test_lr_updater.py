@@ -303,3 +303,13 @@ def test_epoch_schedule_needs_a_loader_length():
 
     with pytest.raises(ValueError, match="CosineAnnealingLrUpdater needs the run's number of epochs"):
         train(CosineAnnealingLrUpdater(), data=Stream(), num_steps=4)
+
+
+def test_epoch_only_schedules_attach_no_step_begin_handler():
+    by_epoch = StepDecayLrUpdater(lr_decay_id=[1])
+    step_warmup = StepDecayLrUpdater(lr_decay_id=[1], warmup_by="step", warmup_len=2)
+    by_step = StepDecayLrUpdater(lr_decay_id=[5], update_by="step")
+    assert "on_step_begin" not in by_epoch.overridden_hooks() and "on_epoch_begin" in by_epoch.overridden_hooks()
+    assert "on_step_begin" in step_warmup.overridden_hooks() and "on_step_begin" in by_step.overridden_hooks()
+    rows = train(by_epoch, num_epochs=3)  # every step still sees its epoch's lr
+    check(rows, lambda b, e, g: b * (0.1 if e >= 1 else 1.0))

@@ -223,3 +223,14 @@ def test_attaches_only_the_hooks_its_reset_mode_needs():
     assert "on_epoch_begin" in by_epoch and "on_step_begin" not in by_epoch
     assert "on_step_begin" in by_step and "on_epoch_begin" not in by_step
     assert {"on_loop_begin", "on_batch_end", "on_step_end", "on_epoch_end", "on_loop_end"} <= set(by_step)
+    quiet = MetricUpdater(update_metric, step_log_freq=0).overridden_hooks()
+    stored = MetricUpdater(update_metric, step_log_freq=0, step_storage_freq=2).overridden_hooks()
+    assert "on_step_end" not in quiet and "on_batch_end" in quiet  # no step logs, no step storage
+    assert "on_step_end" in stored
+
+
+def test_metrics_replaced_between_runs_are_checked_again():
+    updater = MetricUpdater(update_metric, step_log_freq=0)
+    train(updater, num_epochs=1, train_metrics=new_metrics())
+    with pytest.raises(ValueError, match="MetricUpdater has no metrics"):
+        train(updater, num_epochs=1, train_metrics={})

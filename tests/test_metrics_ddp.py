@@ -24,7 +24,8 @@ def test_two_process_metrics_equal_the_single_process_values(tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     two = torch.load(out_file, weights_only=True)
     one = metric_values(rank=0, world_size=1)
-    assert set(two) == set(one) == {"acc", "top2", "loss", "miou", "map"}
+    assert set(two) == set(one) == {"acc", "top2", "loss", "miou", "map", "acc_ignore", "acc_index", "losses",
+                                    "first_only", "loss_first"}
     for key in one:
         name_one, value_one = one[key]
         name_two, value_two = two[key]

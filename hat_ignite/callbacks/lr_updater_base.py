@@ -206,6 +206,20 @@ class LrUpdaterBase(CallbackMixin):
         self._anchors = self.anchor_lrs(self._base_lrs)
         self._apply_next_step = True
 
+    def overridden_hooks(self) -> list[str]:
+        """The hooks to attach; no ``on_step_begin`` when the lr changes only with the epoch.
+
+        With ``update_by`` and ``warmup_by`` both ``"epoch"`` (and the base class's
+        :meth:`lr_at`), every lr is set on epoch begin, which precedes every step of a run
+        (resumed runs included), so a step-begin handler would have nothing to do.
+        """
+        hooks = super().overridden_hooks()
+        epoch_only = (
+            self.update_by == "epoch" and self.warmup_by == "epoch" and type(self).lr_at is LrUpdaterBase.lr_at
+            and type(self).on_step_begin is LrUpdaterBase.on_step_begin
+        )
+        return [h for h in hooks if h != "on_step_begin"] if epoch_only else hooks
+
     def on_epoch_begin(self, optimizer: torch.optim.Optimizer, epoch_id: int, global_step_id: int,
                        **kwargs: Any) -> None:
         self._apply(optimizer, epoch_id, global_step_id)

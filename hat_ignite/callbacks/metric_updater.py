@@ -165,16 +165,20 @@ class MetricUpdater(CallbackMixin):
         self.storage_key = storage_key
         self._dirty = False  # updated since the last reset
         self._last_pairs: list[tuple[str, Any]] | None = None  # latest values computed this run
+        self._checked_metrics: Any = None  # the metrics object _metrics() last found non-empty
 
     # -- helpers ---------------------------------------------------------------------------
     def _metrics(self, train_metrics: Any) -> Any:
         metrics = self.metrics if self.metrics is not None else train_metrics
+        if metrics is self._checked_metrics and metrics is not None:  # checked already
+            return metrics
         if metrics is None or not any(True for _ in iter_metrics(metrics)):
             raise ValueError(
                 "MetricUpdater has no metrics: pass metrics=[...] to it, or give the loop metrics "
                 "(Trainer(train_metrics=...), Predictor(metrics=...); a Validation's predictor gets "
                 "the training loop's val_metrics)."
             )
+        self._checked_metrics = metrics
         return metrics
 
     def _reset(self, train_metrics: Any) -> None:
@@ -196,8 +200,13 @@ class MetricUpdater(CallbackMixin):
         storage[self.storage_key] = {**(stored if isinstance(stored, dict) else {}), **dict(pairs)}
 
     def overridden_hooks(self) -> list[str]:
-        """The hooks to attach: the per-step/per-epoch reset hooks only for their reset mode."""
-        skip = {"on_step_begin": self.reset_metrics_by != "step", "on_epoch_begin": self.reset_metrics_by != "epoch"}
+        """The hooks to attach: the per-step/per-epoch reset hooks only for their reset mode, and
+        ``on_step_end`` only when steps are logged or stored."""
+        skip = {
+            "on_step_begin": self.reset_metrics_by != "step", "on_epoch_begin": self.reset_metrics_by != "epoch",
+            # nothing to do at step ends without step logs or step storage
+            "on_step_end": self.step_log_freq < 1 and self.step_storage_freq < 1,
+        }
         return [h for h in super().overridden_hooks() if not skip.get(h, False)]
 
     # -- hooks -----------------------------------------------------------------------------

@@ -1,10 +1,12 @@
 """`EvalMetric`: HAT's metric interface, and helpers to read any metric's values.
 
 A HAT metric accumulates with ``update(...)``, reports with ``get() -> (names, values)`` and
-starts over with ``reset()``. The built-in metrics keep their state in torchmetrics objects
-(created on the first update, on the device of the first input), so their math is
-torchmetrics' and, under ``torch.distributed``, ``get()`` returns the value over every rank.
-torchmetrics is imported only when the first such metric is updated.
+starts over with ``reset()``. The built-in metrics compute what torchmetrics computes and,
+under ``torch.distributed``, ``get()`` returns the value over every rank. ``LossShow`` and top-1
+``Accuracy`` keep running sums in small tensors (:mod:`hat_ignite.metrics.running`), so an update
+costs a few tensor ops and no host-device sync; the others keep their state in torchmetrics
+objects (created on the first update, on the device of the first input), and torchmetrics is
+imported only when the first of those is updated.
 
 Subclasses that only need a mean can do as HAT metrics do: add to ``self.sum_metric`` and
 ``self.num_inst`` in ``update`` and inherit :meth:`EvalMetric.compute`:

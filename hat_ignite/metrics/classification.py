@@ -1,8 +1,19 @@
-"""Classification accuracy: `Accuracy` (top-1) and `TopKAccuracy`, computed by torchmetrics.
+"""Classification accuracy: `Accuracy` (top-1) and `TopKAccuracy`, with torchmetrics' math.
 
 Both take HAT's argument order, ``update(labels, preds)``: ``labels`` holds class indices of
 shape ``(N, ...)``; ``preds`` holds scores (logits or probabilities) of shape ``(N, C, ...)``.
 :class:`Accuracy` also accepts predicted class indices of the same shape as ``labels``.
+
+Top-1 accuracy is counted per update with a few tensor ops and no host-device sync (the counts
+stay on the inputs' device until :meth:`get` reads them, see :mod:`hat_ignite.metrics.running`);
+its value is the one torchmetrics' micro-averaged ``MulticlassAccuracy`` gives. Top-k accuracy
+for ``k > 1`` updates a torchmetrics ``MulticlassAccuracy``.
+
+The inputs are checked in full on the first update after construction or :meth:`reset` and
+whenever the shapes, dtypes or devices of ``labels`` and ``preds`` change; further updates with
+the same signature skip the checks that read values (integral float labels, the number of
+distinct labels, class-index ``preds`` below ``num_classes``), which would cost a host-device
+sync at every step.
 """
 
 from __future__ import annotations
@@ -12,6 +23,7 @@ from typing import Any
 import torch
 
 from hat_ignite.metrics.base import EvalMetric, TorchmetricState, to_python
+from hat_ignite.metrics.running import RunningCounts
 
 __all__ = ["Accuracy", "TopKAccuracy"]
 
@@ -38,7 +50,7 @@ def _as_labels(labels: Any, owner: str) -> torch.Tensor:
 
 
 class _MulticlassAccuracy(EvalMetric):
-    """Shared state: a torchmetrics ``MulticlassAccuracy`` (micro average), built on first use."""
+    """Shared state: running hit counts for top-1, a torchmetrics ``MulticlassAccuracy`` for top-k."""
 
     def __init__(self, name: str, top_k: int, num_classes: int | None, ignore_index: int | None) -> None:
         super().__init__(name)
@@ -49,14 +61,29 @@ class _MulticlassAccuracy(EvalMetric):
             raise ValueError(f"{owner}: num_classes must be an integer >= 2 or None (inferred), got {num_classes!r}.")
         if num_classes is not None and top_k > num_classes:
             raise ValueError(f"{owner}: top_k={top_k} is larger than num_classes={num_classes}.")
+        if ignore_index is not None and (isinstance(ignore_index, bool) or not isinstance(ignore_index, int)):
+            raise ValueError(f"{owner}: ignore_index must be None or an integer label value (e.g. -1 or 255), got {ignore_index!r}.")
         self.top_k = top_k
         self.num_classes = num_classes
         self.ignore_index = ignore_index
-        self._scores: TorchmetricState | None = None
+        # top-1 scores and class indices are counted from the first update on every process, so
+        # that under torch.distributed every rank takes part in get()'s reductions
+        self._scores: RunningCounts | TorchmetricState | None = RunningCounts() if top_k == 1 else None
         self._scores_classes: int | None = None
-        self._hits: TorchmetricState | None = None
+        self._hits = RunningCounts()
+        # (labels.shape, preds.shape, labels.dtype, preds.dtype, labels.device, preds.device) of the
+        # last checked update, and the conversions that update needed
+        self._signature: tuple | None = None
+        self._labels_long = self._to_float = self._move = False
 
-    def _score_state(self, num_classes: int) -> TorchmetricState:
+    def _score_state(self, num_classes: int) -> RunningCounts | TorchmetricState:
+        if self._scores_classes is None:
+            self._scores_classes = num_classes
+        elif num_classes != self._scores_classes:
+            raise ValueError(
+                f"{type(self).__name__}.update: preds have {num_classes} classes (dim 1), but earlier "
+                f"updates had {self._scores_classes}. Every update must score the same classes."
+            )
         if self._scores is None:
             top_k, ignore_index = self.top_k, self.ignore_index
 
@@ -69,15 +96,9 @@ class _MulticlassAccuracy(EvalMetric):
                 )
 
             self._scores = TorchmetricState(factory)
-            self._scores_classes = num_classes
-        elif num_classes != self._scores_classes:
-            raise ValueError(
-                f"{type(self).__name__}.update: preds have {num_classes} classes (dim 1), but earlier "
-                f"updates had {self._scores_classes}. Every update must score the same classes."
-            )
         return self._scores
 
-    def _update_scores(self, labels: torch.Tensor, preds: torch.Tensor) -> None:
+    def _check_scores(self, labels: torch.Tensor, preds: torch.Tensor) -> None:
         owner = type(self).__name__
         if preds.dim() != labels.dim() + 1 or preds.shape[0] != labels.shape[0] or preds.shape[2:] != labels.shape[1:]:
             raise ValueError(
@@ -92,10 +113,80 @@ class _MulticlassAccuracy(EvalMetric):
             raise ValueError(f"{owner}.update: top_k={self.top_k} is larger than the {num_classes} classes in preds.")
         if num_classes < 2:
             raise ValueError(f"{owner}.update: preds have a single class column; accuracy needs scores for >= 2 classes.")
-        self._score_state(num_classes).update(preds.float(), labels.to(preds.device))
+        self._score_state(num_classes)
+        if self.top_k == 1:  # the check torchmetrics' MulticlassAccuracy makes of every target
+            allowed = num_classes if self.ignore_index is None else num_classes + 1
+            found = torch.unique(labels)
+            if len(found) > allowed:
+                raise RuntimeError(
+                    f"{owner}.update: labels hold {len(found)} distinct values, more than the {num_classes} "
+                    f"classes of preds{' and ignore_index' if self.ignore_index is not None else ''} allow: "
+                    f"{found.tolist()}. Labels must be class indices 0 .. {num_classes - 1}."
+                )
+
+    def _update_scores(self, labels: torch.Tensor, preds: torch.Tensor) -> None:
+        """Check ``(N, C, ...)`` scores against ``labels`` and count them (labels already converted)."""
+        self._check_scores(labels, preds)
+        if self.top_k == 1:
+            self._count_scores(labels.to(preds.device), preds.float())
+        else:
+            self._scores.update(preds.float(), labels.to(preds.device))  # type: ignore[union-attr]
+
+    def _count_scores(self, labels: torch.Tensor, preds: torch.Tensor) -> None:
+        """Top-1 hits of float ``preds`` scores against ``labels`` on the same device."""
+        hits = preds.argmax(1) == labels
+        if self.ignore_index is None:
+            self._scores.update(hits, labels.numel())  # type: ignore[union-attr]
+        else:
+            keep = labels != self.ignore_index
+            self._scores.update(hits & keep, keep)  # type: ignore[union-attr]
+
+    def _count_indices(self, labels: torch.Tensor, preds: torch.Tensor) -> None:
+        """Hits of int64 class-index ``preds`` against ``labels`` on the same device."""
+        hits = preds == labels
+        if self.ignore_index is None:
+            self._hits.update(hits, labels.numel())
+        else:
+            keep = labels != self.ignore_index
+            self._hits.update(hits & keep, keep)
+
+    def _update_checked(self, labels: Any, preds: Any) -> None:
+        """Check the inputs in full, count them and remember their signature."""
+        raise NotImplementedError(f"{type(self).__name__} must define _update_checked(labels, preds).")
+
+    def update(self, labels: Any, preds: Any) -> None:
+        """Add a batch: ``labels`` ``(N, ...)`` class indices, ``preds`` ``(N, C, ...)`` scores.
+
+        :class:`Accuracy` also takes class-index ``preds`` of the shape of ``labels``.
+        """
+        if self.top_k == 1 and labels.__class__ is torch.Tensor and preds.__class__ is torch.Tensor:
+            signature = (labels.shape, preds.shape, labels.dtype, preds.dtype, labels.device, preds.device)
+            if signature == self._signature:  # checked before: only count
+                if self._labels_long:
+                    labels = labels.long()
+                if len(signature[1]) == len(signature[0]):
+                    preds = preds.long()
+                    self._count_indices(labels, preds.to(labels.device) if self._move else preds)
+                else:
+                    self._count_scores(labels.to(preds.device) if self._move else labels,
+                                       preds.float() if self._to_float else preds)
+                return
+        self._update_checked(labels, preds)
+
+    def _remember(self, labels: Any, preds: Any, converted: torch.Tensor) -> None:
+        """Note the signature of checked tensor inputs, so that later updates skip the checks."""
+        if self.top_k != 1 or labels.__class__ is not torch.Tensor or preds.__class__ is not torch.Tensor:
+            return
+        self._signature = (labels.shape, preds.shape, labels.dtype, preds.dtype, labels.device, preds.device)
+        self._labels_long = converted.dtype != labels.dtype
+        self._to_float = preds.dtype != torch.float32
+        self._move = labels.device != preds.device
 
     def compute(self) -> float:
-        values = [s.compute() for s in (self._scores, self._hits) if s is not None]
+        values = [
+            self._scores.compute() if self._scores is not None else None,
+            self._hits.compute(nan_if_none_counted=True),
+        ]
         values = [v for v in values if v is not None]
         if not values:
             return float("nan")
@@ -108,9 +199,10 @@ class _MulticlassAccuracy(EvalMetric):
 
     def reset(self) -> None:
         super().reset()
-        for state in (self._scores, self._hits):
-            if state is not None:
-                state.reset()
+        if self._scores is not None:
+            self._scores.reset()
+        self._hits.reset()
+        self._signature = None
 
 
 class Accuracy(_MulticlassAccuracy):
@@ -138,36 +230,24 @@ class Accuracy(_MulticlassAccuracy):
     def __init__(self, name: str = "accuracy", num_classes: int | None = None, ignore_index: int | None = None) -> None:
         super().__init__(name, 1, num_classes, ignore_index)
 
-    def update(self, labels: Any, preds: Any) -> None:
-        """Add a batch: ``labels`` ``(N, ...)`` and ``preds`` ``(N, C, ...)`` scores or ``(N, ...)`` classes."""
+    def _update_checked(self, labels: Any, preds: Any) -> None:
         owner = type(self).__name__
-        labels = _as_labels(labels, owner)
-        preds = _as_tensor(preds, "preds", owner)
-        if preds.shape != labels.shape:
-            self._update_scores(labels, preds)
+        checked_labels = _as_labels(labels, owner)
+        checked_preds = _as_tensor(preds, "preds", owner)
+        if checked_preds.shape != checked_labels.shape:
+            self._update_scores(checked_labels, checked_preds)
+            self._remember(labels, preds, checked_labels)
             return
-        if preds.is_floating_point() and not torch.equal(preds, preds.round()):
+        if checked_preds.is_floating_point() and not torch.equal(checked_preds, checked_preds.round()):
             raise ValueError(
-                f"{owner}.update: preds have the shape of labels {tuple(labels.shape)} but hold "
+                f"{owner}.update: preds have the shape of labels {tuple(checked_labels.shape)} but hold "
                 f"non-integral values; pass class scores of shape (N, C, ...) or class indices."
             )
-        preds = preds.long().to(labels.device)
-        if self.num_classes is not None and preds.numel() and int(preds.max()) >= self.num_classes:
-            raise ValueError(f"{owner}.update: a predicted class {int(preds.max())} is >= num_classes={self.num_classes}.")
-        keep = labels != self.ignore_index if self.ignore_index is not None else None
-        hits = (preds == labels).float()
-        if keep is not None:
-            hits = hits[keep]
-        if self._hits is None:
-
-            def factory() -> Any:
-                from torchmetrics.aggregation import MeanMetric
-
-                return MeanMetric(nan_strategy="error")
-
-            self._hits = TorchmetricState(factory)
-        if hits.numel():
-            self._hits.update(hits)
+        class_preds = checked_preds.long().to(checked_labels.device)
+        if self.num_classes is not None and class_preds.numel() and int(class_preds.max()) >= self.num_classes:
+            raise ValueError(f"{owner}.update: a predicted class {int(class_preds.max())} is >= num_classes={self.num_classes}.")
+        self._count_indices(checked_labels, class_preds)
+        self._remember(labels, preds, checked_labels)
 
 
 class TopKAccuracy(_MulticlassAccuracy):
@@ -193,7 +273,8 @@ class TopKAccuracy(_MulticlassAccuracy):
     ) -> None:
         super().__init__(name, top_k, num_classes, ignore_index)
 
-    def update(self, labels: Any, preds: Any) -> None:
-        """Add a batch: ``labels`` ``(N, ...)`` class indices and ``preds`` ``(N, C, ...)`` scores."""
+    def _update_checked(self, labels: Any, preds: Any) -> None:
         owner = type(self).__name__
-        self._update_scores(_as_labels(labels, owner), _as_tensor(preds, "preds", owner))
+        checked_labels = _as_labels(labels, owner)
+        self._update_scores(checked_labels, _as_tensor(preds, "preds", owner))
+        self._remember(labels, preds, checked_labels)

@@ -7,33 +7,35 @@ from typing import Any
 
 import torch
 
-from hat_ignite.metrics.base import EvalMetric, TorchmetricState, to_python
+from hat_ignite.metrics.base import EvalMetric, to_python
+from hat_ignite.metrics.running import RunningMean
 
 __all__ = ["LossShow"]
 
 
-def _mean_metric() -> Any:
-    from torchmetrics.aggregation import MeanMetric
+def _observation(loss: Any, key: str | None) -> torch.Tensor | None:
+    """One number per update: a tensor's mean, or the sum of a list's tensors' means.
 
-    return MeanMetric(nan_strategy="disable")
-
-
-def _observation(loss: Any, where: str) -> torch.Tensor | None:
-    """One number per update: a tensor's mean, or the sum of a list's tensors' means."""
+    Returns a detached 0-d float32 tensor (or ``None`` for ``None`` or an empty list). A 0-d
+    float32 tensor is used as it is: its mean would be itself.
+    """
     if loss is None:
         return None
     if isinstance(loss, torch.Tensor):
+        if loss.dtype is torch.float32 and not loss.dim():
+            return loss.detach()
         return loss.detach().float().mean()
     if isinstance(loss, (int, float)) and not isinstance(loss, bool):
         return torch.tensor(float(loss))
     if isinstance(loss, (list, tuple)):
-        parts = [p for p in (_observation(v, where) for v in loss) if p is not None]
+        parts = [p for p in (_observation(v, key) for v in loss) if p is not None]
         if not parts:
             return None
         total = parts[0]
         for p in parts[1:]:
             total = total + p.to(total.device)
         return total
+    where = "loss" if key is None else f"loss[{key!r}]"
     raise TypeError(
         f"LossShow.update: {where} must be a tensor, a number, a list of them or a dict of them, got "
         f"{type(loss).__name__}."
@@ -46,6 +48,12 @@ class LossShow(EvalMetric):
     Each update adds one observation: a tensor counts with its mean, a list/tuple of tensors
     with the sum of their means (the total loss). A dict of losses is tracked per key, each key
     reported under its own name. Non-finite observations are kept, so a NaN loss shows as NaN.
+
+    An update adds each observation to a running sum on the loss's device (a tensor op or two,
+    no host-device sync); :meth:`get` divides by the count, with torchmetrics ``MeanMetric``'s
+    arithmetic (see :mod:`hat_ignite.metrics.running`). Under ``torch.distributed`` it is the
+    mean over every rank's observations; with a dict of losses every rank must have seen the
+    same keys.
 
     Args:
         name: the name reported for a single loss (ignored for dicts, which use their keys).
@@ -65,32 +73,47 @@ class LossShow(EvalMetric):
 
     def __init__(self, name: str = "loss") -> None:
         super().__init__(name)
-        self._series: dict[str, TorchmetricState] = {}
+        self._series: dict[str, RunningMean] = {}
         self._keyed: bool | None = None
 
     def update(self, loss: Any) -> None:
-        """Add one observation of ``loss`` (a tensor, a list of tensors, or a dict of them)."""
-        keyed = isinstance(loss, Mapping)
-        if self._keyed is not None and keyed != self._keyed:
+        """Add one observation of ``loss`` (a tensor, a list of tensors, or a dict of them).
+
+        Costs a couple of tensor ops per loss and no host-device sync; the mean is divided out
+        when :meth:`get` asks for it.
+        """
+        keyed = loss.__class__ is dict or isinstance(loss, Mapping)
+        if keyed is not self._keyed and self._keyed is not None:
             raise ValueError(
                 "LossShow.update: got a dict of losses after single losses (or the reverse); "
                 "use one kind per LossShow, or reset() in between."
             )
-        items = [(str(k), v) for k, v in loss.items()] if keyed else [(self.name, loss)]
-        for key, value in items:
-            obs = _observation(value, f"loss[{key!r}]" if keyed else "loss")
+        series = self._series
+        if not keyed:
+            obs = _observation(loss, None)
+            if obs is not None:
+                running = series.get(self.name)  # type: ignore[arg-type]
+                if running is None:
+                    running = series[self.name] = RunningMean()  # type: ignore[index]
+                running.update(obs)
+            self._keyed = False
+            return
+        for key, value in loss.items():
+            key = key if key.__class__ is str else str(key)
+            obs = _observation(value, key)
             if obs is None:
                 continue
-            series = self._series.get(key)
-            if series is None:
-                series = self._series[key] = TorchmetricState(_mean_metric)
-            series.update(obs)
-        self._keyed = keyed
+            running = series.get(key)
+            if running is None:
+                running = series[key] = RunningMean()
+            running.update(obs)
+        self._keyed = True
 
     def compute(self) -> Any:
         if not self._keyed:
-            series = self._series.get(self.name)  # type: ignore[arg-type]
-            value = series.compute() if series is not None else None
+            # a process without updates still computes (an empty mean), for the collectives
+            series = self._series.get(self.name) or RunningMean()  # type: ignore[arg-type]
+            value = series.compute()
             return float("nan") if value is None else to_python(value)
         values = [s.compute() for s in self._series.values()]
         return [float("nan") if v is None else to_python(v) for v in values]

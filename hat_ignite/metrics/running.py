@@ -1,0 +1,185 @@
+"""Running sums for the per-step metrics: a few in-place tensor ops per update, no host sync.
+
+:class:`~hat_ignite.metrics.LossShow` and top-1 :class:`~hat_ignite.metrics.Accuracy` need only
+sufficient statistics: a sum and a count of observations, or the number of hits and of counted
+samples. They are kept here in small tensors on the inputs' device and turned into a value only
+when one is asked for (``compute()``), with the arithmetic torchmetrics uses for the same metrics,
+so the values are the same:
+
+* :class:`RunningMean` is ``MeanMetric``: the observations are added one by one to a sum in the
+  default float dtype (float32), and the mean is that sum divided by the count in that dtype;
+* :class:`RunningCounts` is micro-averaged ``MulticlassAccuracy`` (and the mean of 0/1 hits): the
+  counts are integers, the value is ``float32(hits) / float32(counted)``.
+
+One difference: the count of a :class:`RunningMean` is a Python integer, exact at any size, where
+``MeanMetric`` adds 1.0 to a float32 weight, which stops growing at 2**24 updates.
+
+Under ``torch.distributed``, ``compute()`` gathers every rank's sums (``all_gather``, then a sum
+over ranks, as torchmetrics reduces them) and every rank must call it, including ranks that saw
+no update since the last reset.
+
+>>> mean = RunningMean()
+>>> for loss in (torch.tensor(1.0), torch.tensor(2.5)):
+...     mean.update(loss)
+>>> float(mean.compute())
+1.75
+>>> counts = RunningCounts()
+>>> counts.update(torch.tensor([True, True, False, True]), 4)      # 3 hits among 4 samples
+>>> counts.update(torch.tensor([True, False, False]), torch.tensor([True, False, True]))  # 1 of 2
+>>> float(counts.compute())
+0.6666666865348816
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hat_ignite.metrics.base import _world_size
+
+__all__ = ["RunningMean", "RunningCounts"]
+
+_FOLD_EVERY = 64  # RunningCounts counts its pending masks at least this often (updates) ...
+_FOLD_SIZE = 2**20  # ... and once they hold this many elements
+
+
+def _sum_over_ranks(values: torch.Tensor) -> torch.Tensor:
+    """``values`` (1-D) summed over every rank: gathered, stacked by rank, summed over ranks."""
+    import ignite.distributed as idist
+
+    gathered = idist.all_gather(values)
+    return gathered.reshape(-1, values.numel()).sum(dim=0)
+
+
+def _device_for_empty() -> torch.device:
+    """The device of a collective when this rank holds no state (the backend's device)."""
+    import ignite.distributed as idist
+
+    return idist.device()
+
+
+class RunningMean:
+    """The mean of scalar observations: a running sum tensor and a count.
+
+    ``update`` adds the observation to the sum in place (one tensor op; the sum moves to the
+    observation's device when that changes) and counts it on the host.
+    """
+
+    __slots__ = ("total", "count")
+
+    def __init__(self) -> None:
+        self.total: torch.Tensor | None = None
+        self.count = 0
+
+    def update(self, obs: torch.Tensor) -> None:
+        """Add one observation, a 0-d floating-point tensor that does not require grad."""
+        total = self.total
+        if total is None:
+            total = self.total = torch.zeros((), dtype=torch.get_default_dtype(), device=obs.device)
+        elif total.device != obs.device:
+            total = self.total = total.to(obs.device)
+        total.add_(obs)
+        self.count += 1
+
+    def compute(self) -> torch.Tensor | None:
+        """The mean as a 0-d tensor, over every rank; ``None`` when nothing was added anywhere."""
+        total = self.total
+        if _world_size() > 1:
+            if total is None:
+                total = torch.zeros((), dtype=torch.get_default_dtype(), device=_device_for_empty())
+            count = torch.tensor(float(self.count), dtype=total.dtype, device=total.device)
+            total, count = _sum_over_ranks(torch.stack([total, count]))
+            return None if not count else total / count
+        if total is None or not self.count:
+            return None
+        return total / torch.tensor(float(self.count), dtype=total.dtype, device=total.device)
+
+    def reset(self) -> None:
+        """Forget everything added so far."""
+        self.total = None
+        self.count = 0
+
+
+class RunningCounts:
+    """Hits among counted samples: boolean masks, counted lazily.
+
+    ``update`` only keeps the batch's hit mask (a boolean tensor the caller made and does not
+    touch again) in a list; the masks are counted together, into one int64 sum, every few dozen
+    updates (or once they hold about a million elements) and before a value is read. That takes
+    the counting off the per-step path. A counted-sample number known on the host (the batch
+    size) stays a Python int; otherwise a mask of the counted samples is kept the same way.
+    """
+
+    __slots__ = ("hits", "counted", "host_counted", "updates", "_pending_hits", "_pending_counted", "_pending_size")
+
+    def __init__(self) -> None:
+        self.hits: torch.Tensor | None = None
+        self.counted: torch.Tensor | None = None
+        self.host_counted = 0
+        self.updates = 0
+        self._pending_hits: list[torch.Tensor] = []
+        self._pending_counted: list[torch.Tensor] = []
+        self._pending_size = 0
+
+    def update(self, hits: torch.Tensor, counted: int | torch.Tensor) -> None:
+        """Add a batch: ``hits`` a boolean mask of the hits, ``counted`` an int or a boolean mask."""
+        pending = self._pending_hits
+        pending.append(hits)
+        if counted.__class__ is int:
+            self.host_counted += counted
+        else:
+            self._pending_counted.append(counted)
+        self.updates += 1
+        self._pending_size += hits.numel()
+        if len(pending) >= _FOLD_EVERY or self._pending_size >= _FOLD_SIZE:
+            self._fold()
+
+    def _fold(self) -> None:
+        self._pending_size = 0
+        for name, pending in (("hits", self._pending_hits), ("counted", self._pending_counted)):
+            if not pending:
+                continue
+            device = pending[-1].device
+            counts = [torch.count_nonzero(p).to(device) for p in pending]
+            pending.clear()
+            total = counts[0] if len(counts) == 1 else torch.stack(counts).sum()
+            old = getattr(self, name)
+            setattr(self, name, total if old is None else old.to(device) + total)
+
+    def totals(self, device: torch.device | None = None) -> torch.Tensor:
+        """``[hits, counted, updates]`` of this process as an int64 tensor (folds what is pending)."""
+        self._fold()
+        if device is None:
+            device = self.hits.device if self.hits is not None else torch.device("cpu")
+        out = torch.tensor([0, self.host_counted, self.updates], dtype=torch.int64, device=device)
+        if self.hits is not None:
+            out[0] += self.hits.to(device)
+        if self.counted is not None:
+            out[1] += self.counted.to(device)
+        return out
+
+    def compute(self, nan_if_none_counted: bool = False) -> torch.Tensor | None:
+        """``hits / counted`` as a float32 0-d tensor, over every rank.
+
+        Args:
+            nan_if_none_counted: return ``None`` when no sample was counted; otherwise that gives
+                0.0 once anything was updated (torchmetrics' ``MulticlassAccuracy`` divides
+                safely), and ``None`` only without any update.
+        """
+        self._fold()
+        if _world_size() > 1:
+            device = self.hits.device if self.hits is not None else _device_for_empty()
+            hits, counted, updates = _sum_over_ranks(self.totals(device))
+        else:
+            hits, counted, updates = self.totals()
+        if not updates or (nan_if_none_counted and not counted):
+            return None
+        if not counted:
+            return torch.zeros((), dtype=torch.float32, device=hits.device)
+        return hits.float() / counted.float()
+
+    def reset(self) -> None:
+        """Forget everything counted so far."""
+        self.hits = self.counted = None
+        self.host_counted = self.updates = 0
+        self._pending_hits.clear()
+        self._pending_counted.clear()

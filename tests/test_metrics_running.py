@@ -1,0 +1,192 @@
+"""LossShow and top-1 accuracy keep running sums; their values equal torchmetrics' exactly."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+from torchmetrics.aggregation import MeanMetric
+from torchmetrics.classification import MulticlassAccuracy
+
+from hat_ignite.metrics import Accuracy, LossShow, TopKAccuracy
+from hat_ignite.metrics.running import RunningCounts, RunningMean
+
+
+def _tm_accuracy(num_classes: int, ignore_index: int | None = None) -> MulticlassAccuracy:
+    return MulticlassAccuracy(num_classes=num_classes, top_k=1, average="micro", multidim_average="global",
+                              ignore_index=ignore_index)
+
+
+def test_loss_show_equals_mean_metric_bit_for_bit():
+    gen = torch.Generator().manual_seed(0)
+    show, keyed = LossShow(), LossShow()
+    reference = MeanMetric(nan_strategy="disable")
+    per_key = {"cls": MeanMetric(nan_strategy="disable"), "reg": MeanMetric(nan_strategy="disable")}
+    for step in range(300):
+        kind = step % 4
+        if kind == 0:
+            loss = torch.rand((), generator=gen) * 10 ** float(torch.randint(-3, 4, (), generator=gen))
+            obs = loss
+        elif kind == 1:
+            loss = torch.rand(7, generator=gen, dtype=torch.float64)  # a vector counts with its mean
+            obs = loss.float().mean()
+        elif kind == 2:
+            loss = [torch.rand((), generator=gen), torch.rand(3, generator=gen)]
+            obs = loss[0] + loss[1].mean()
+        else:
+            loss = float(torch.rand((), generator=gen))
+            obs = torch.tensor(loss)
+        show.update(loss)
+        reference.update(obs)
+        cls, reg = torch.rand((), generator=gen, requires_grad=True), torch.rand((), generator=gen) * 100
+        keyed.update({"cls": cls * 1.0, "reg": reg})
+        per_key["cls"].update(cls.detach())
+        per_key["reg"].update(reg)
+        if step % 37 == 0 or step == 299:  # reading a value mid-way changes nothing after it
+            assert show.get() == ("loss", float(reference.compute()))
+            assert keyed.get() == (["cls", "reg"], [float(m.compute()) for m in per_key.values()])
+
+
+def test_loss_show_keeps_nan_and_needs_no_grad():
+    show = LossShow()
+    weight = torch.tensor(2.0, requires_grad=True)
+    show.update(weight * 3)
+    show.update(torch.tensor(float("nan")))
+    assert math.isnan(show.get()[1])
+    show.reset()
+    show.update(weight * 3)
+    assert show.get() == ("loss", 6.0) and weight.grad is None
+
+
+@pytest.mark.parametrize("ignore_index", [None, -1, 1, 255])
+@pytest.mark.parametrize("shape", [(), (3, 4)])
+def test_top1_accuracy_equals_multiclass_accuracy_bit_for_bit(ignore_index, shape):
+    gen = torch.Generator().manual_seed(1)
+    num_classes = 5
+    acc, top1 = Accuracy(ignore_index=ignore_index), TopKAccuracy(top_k=1, ignore_index=ignore_index)
+    reference = _tm_accuracy(num_classes, ignore_index)
+    for step in range(200):
+        n = int(torch.randint(1, 40, (), generator=gen))
+        labels = torch.randint(0, num_classes, (n, *shape), generator=gen)
+        if ignore_index is not None:
+            labels[torch.rand(labels.shape, generator=gen) < 0.2] = ignore_index
+            if step == 7:
+                labels[:] = ignore_index  # a batch with nothing counted
+        scores = torch.randn(n, num_classes, *shape, generator=gen)
+        scores[:, 2] = scores[:, 3]  # ties: the first of equal scores wins, as in torchmetrics
+        acc.update(labels, scores)
+        top1.update(labels, scores)
+        reference.update(scores, labels)
+        if step % 23 == 0 or step == 199:
+            assert acc.get()[1] == top1.get()[1] == float(reference.compute())
+
+
+def test_accuracy_counts_nothing_counted_as_zero_like_torchmetrics():
+    acc, reference = Accuracy(ignore_index=-1), _tm_accuracy(3, -1)
+    labels, scores = torch.tensor([-1, -1]), torch.randn(2, 3)
+    acc.update(labels, scores)
+    reference.update(scores, labels)
+    assert acc.get()[1] == float(reference.compute()) == 0.0
+
+
+@pytest.mark.parametrize("ignore_index", [None, -1])
+def test_class_index_accuracy_equals_the_mean_of_hits(ignore_index):
+    gen = torch.Generator().manual_seed(2)
+    acc, reference = Accuracy(ignore_index=ignore_index), MeanMetric(nan_strategy="error")
+    for _ in range(50):
+        labels = torch.randint(-1 if ignore_index is not None else 0, 4, (6, 5), generator=gen)
+        preds = torch.randint(0, 4, (6, 5), generator=gen, dtype=torch.int32)
+        acc.update(labels, preds)
+        hits = (preds.long() == labels).float()
+        if ignore_index is not None:
+            hits = hits[labels != ignore_index]
+        if hits.numel():
+            reference.update(hits)
+    assert acc.get()[1] == float(reference.compute())
+    acc.reset()
+    assert math.isnan(acc.get()[1])
+    if ignore_index is not None:
+        acc.update(torch.tensor([-1]), torch.tensor([0]))
+        assert math.isnan(acc.get()[1])  # nothing counted: nan, as the mean of no hits
+
+
+def test_inputs_are_converted_alike_on_checked_and_later_updates():
+    gen = torch.Generator().manual_seed(4)
+    acc, reference = Accuracy(), _tm_accuracy(3)
+    for _ in range(5):  # float labels, float64 scores: converted at every update
+        labels = torch.randint(0, 3, (8,), generator=gen)
+        scores = torch.randn(8, 3, generator=gen, dtype=torch.float64)
+        acc.update(labels.double(), scores)
+        reference.update(scores.float(), labels)
+    assert acc.get()[1] == float(reference.compute())
+
+
+def test_checks_run_on_the_first_update_after_a_reset_and_when_the_signature_changes():
+    acc = Accuracy()
+    acc.update(torch.tensor([0, 1]), torch.randn(2, 3))
+    acc.update(torch.tensor([0, 1]), torch.randn(2, 3))  # same signature: counted only
+    with pytest.raises(ValueError, match="earlier updates had 3"):
+        acc.update(torch.tensor([0, 1]), torch.randn(2, 4))
+    with pytest.raises(ValueError, match="labels first"):
+        acc.update(torch.randn(3, 3), torch.tensor([0, 1, 2]))
+    with pytest.raises(ValueError, match="non-integral floats"):
+        acc.update(torch.tensor([0.5, 1.0]), torch.randn(2, 3))
+    with pytest.raises(RuntimeError, match="4 distinct values, more than the 3 classes"):
+        acc.update(torch.tensor([0, 1, 2, 7]), torch.randn(4, 3))
+    acc.reset()
+    with pytest.raises(RuntimeError, match="distinct values"):
+        acc.update(torch.tensor([0, 1, 2, 7]), torch.randn(4, 3))  # first update after a reset
+    indices = Accuracy(num_classes=3)
+    with pytest.raises(ValueError, match="num_classes=3"):
+        indices.update(torch.tensor([0, 1]), torch.tensor([0, 5]))
+    with pytest.raises(ValueError, match="ignore_index must be None or an integer"):
+        Accuracy(ignore_index=0.5)
+
+
+def test_mixing_scores_and_class_indices_is_an_error():
+    acc = Accuracy()
+    acc.update(torch.tensor([0, 1]), torch.randn(2, 3))
+    acc.update(torch.tensor([0, 1]), torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match="mixed class scores and class indices"):
+        acc.get()
+
+
+def test_running_sums_fold_and_count():
+    counts = RunningCounts()
+    assert counts.compute() is None
+    hits = sum(i % 3 for i in range(200))
+    for i in range(200):  # more updates than one fold holds; counts on the host and as masks
+        mask = torch.arange(4) < i % 3
+        counts.update(mask, 2 if i % 2 else torch.tensor([True, False, True, False]))
+    assert counts.totals().tolist() == [hits, 400, 200]
+    assert float(counts.compute()) == float(torch.tensor(hits, dtype=torch.float32) / torch.tensor(400.0))
+    big = RunningCounts()
+    for _ in range(3):  # masks of a million elements are counted at once
+        big.update(torch.ones(2**20, dtype=torch.bool), 2**20)
+        assert not big._pending_hits
+    assert big.totals().tolist() == [3 * 2**20, 3 * 2**20, 3]
+    counts.reset()
+    counts.update(torch.zeros(0, dtype=torch.bool), 0)
+    assert float(counts.compute()) == 0.0 and counts.compute(nan_if_none_counted=True) is None
+    mean = RunningMean()
+    assert mean.compute() is None
+    mean.update(torch.tensor(1.0))
+    mean.update(torch.tensor(2.0))
+    assert float(mean.compute()) == 1.5 and mean.total.dtype == torch.float32
+    mean.reset()
+    assert mean.compute() is None and mean.count == 0
+
+
+def test_loss_show_and_accuracy_do_not_import_torchmetrics():
+    code = (
+        "import sys, torch\n"
+        "from hat_ignite.metrics import Accuracy, LossShow, metric_name_values\n"
+        "acc, show = Accuracy(ignore_index=-1), LossShow()\n"
+        "acc.update(torch.tensor([0, 1]), torch.randn(2, 3)); show.update({'cls': torch.tensor(1.0)})\n"
+        "metric_name_values([acc, show]); print('torchmetrics' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
