@@ -5,13 +5,13 @@ from __future__ import annotations
 import functools
 
 import pytest
-import torch
-from torch import nn
 
 from hat_ignite.callbacks import CallbackMixin
-from hat_ignite.engine import BasicBatchProcessor, HatEvents, Trainer, collect_loss_by_index
+from hat_ignite.engine import HatEvents
 from hat_ignite.engine.dispatch import HookCall
 from hat_ignite.engine.kwargs_use import keywords_read
+
+from test_hot_path import make_trainer
 
 
 def reads_by_constant_key(self, **kwargs):
@@ -98,25 +98,6 @@ def test_any_other_use_needs_the_full_dict(func):
     assert keywords_read(func) is None
 
 
-class Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc = nn.Linear(4, 3)
-
-    def forward(self, x, y):
-        logits = self.fc(x)
-        return nn.functional.cross_entropy(logits, y), logits
-
-
-def make_trainer(callbacks):
-    torch.manual_seed(0)
-    model = Net()
-    data = [(torch.randn(5, 4), torch.randint(0, 3, (5,))) for _ in range(3)]
-    return Trainer(model=model, data_loader=data, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-                   batch_processor=BasicBatchProcessor(need_grad_update=True, loss_collector=collect_loss_by_index(0)),
-                   device=None, num_epochs=2, callbacks=callbacks)
-
-
 def test_hooks_see_the_same_values_with_the_smaller_dict():
     seen: dict[str, list] = {"full": [], "read": [], "missing": []}
 
@@ -144,7 +125,7 @@ def test_hooks_see_the_same_values_with_the_smaller_dict():
         def on_step_end(self, **kwargs):
             Counter.calls += 1
 
-    trainer = make_trainer([Full(), Reads(), Missing(), Counter()])
+    trainer = make_trainer([Full(), Reads(), Missing(), Counter()], n=6)
     calls = {h.method.__self__.__class__.__name__: h for h, _, _ in trainer._event_handlers[HatEvents.STEP_END]}
     assert calls["Full"].only is None  # len(kwargs): the full dict
     assert calls["Reads"].only == {"epoch_id", "step_id", "global_step_id", "batch", "loop"}
