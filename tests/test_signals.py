@@ -20,13 +20,14 @@ from resume_support import ROOT, TOTAL_STEPS, differences, load, popen_train, st
 RUN_SPECIFIC = (".versions", ".content_sha256")
 
 
-def _signal_after_first_save(proc: subprocess.Popen, *signums: int, gap: float = 0.0) -> str:
-    """Send ``signums`` once the first checkpoint is saved; return the whole stderr."""
+def _signal_after_first_save(proc: subprocess.Popen, *signums: int, gap: float = 0.0, delay: float = 0.0) -> str:
+    """Send ``signums`` ``delay`` s after the first checkpoint is saved; return the whole stderr."""
     lines = []
     assert proc.stderr is not None
     for line in proc.stderr:
         lines.append(line)
         if "Saved checkpoint" in line:
+            time.sleep(delay)
             for i, signum in enumerate(signums):
                 if i:
                     time.sleep(gap)
@@ -82,7 +83,8 @@ def test_a_second_signal_exits_at_once_without_saving(tmp_path):
     config = write_config(tmp_path)
     work_dir = tmp_path / "wd"
     proc = popen_train(config, work_dir, env={"STEP_SLEEP": "1.5"})
-    err = _signal_after_first_save(proc, signal.SIGTERM, signal.SIGTERM, gap=0.2)
+    # both signals land inside the next step's 1.5 s sleep, not in the save's own step end
+    err = _signal_after_first_save(proc, signal.SIGTERM, signal.SIGTERM, gap=0.2, delay=0.4)
     assert proc.returncode == 143, err[-2000:]
     assert "second SIGTERM: exiting now without saving" in err
     assert "resumable checkpoint" not in err

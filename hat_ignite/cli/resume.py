@@ -139,7 +139,9 @@ def install_stop_signals(trainer: Any) -> tuple[list[int], Callable[[], None]]:
 
     def on_signal(signum: int, _frame: Any) -> None:
         if received:  # the second signal: no more waiting
-            os.write(2, f"hat-train: second {signal.Signals(signum).name}: exiting now without saving\n".encode())
+            saved = [p for p in getattr(trainer, "resume_points", None) or [] if p]
+            done = f"the resumable checkpoint {saved[-1]} was already written" if saved else "without saving"
+            os.write(2, f"hat-train: second {signal.Signals(signum).name}: exiting now {done}\n".encode())
             os._exit(128 + signum)
         received.append(signum)
         trainer.request_stop(f"received {signal.Signals(signum).name}", code=signum)

@@ -172,7 +172,8 @@ def _train(argv: Sequence[str]) -> int:
             f"The log and any checkpoint saved so far are in {work_path}."
         ) from exc
     finally:
-        restore_signals()
+        if not received:  # after a signal, a second one must still exit at once, up to the process's end
+            restore_signals()
     record = _metrics_record(trainer, args.stage, cfg.filename, time.perf_counter() - start)
     # a rank of a multi-process run may stop because another rank (or the launcher) got the signal
     signum = trainer.stop_code if trainer.stopped_by is not None else (received[0] if received else None)
