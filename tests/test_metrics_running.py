@@ -163,6 +163,10 @@ def test_running_sums_fold_and_count():
         counts.update(mask, 2 if i % 2 else torch.tensor([True, False, True, False]))
     assert counts.totals().tolist() == [hits, 400, 200]
     assert float(counts.compute()) == float(torch.tensor(hits, dtype=torch.float32) / torch.tensor(400.0))
+    mixed = RunningCounts()  # masks that cannot be concatenated are counted one by one
+    for mask in (torch.ones(2, 3, dtype=torch.bool), torch.ones(2, 4, dtype=torch.bool), torch.tensor(True)):
+        mixed.update(mask, mask.numel())
+    assert mixed.totals().tolist() == [15, 15, 3]
     big = RunningCounts()
     for _ in range(3):  # masks of a million elements are counted at once
         big.update(torch.ones(2**20, dtype=torch.bool), 2**20)

@@ -54,6 +54,10 @@ def infer_batch_size(batch: Any) -> int | None:
     >>> infer_batch_size([torch.tensor(1.0), torch.zeros(4, 2)]), infer_batch_size("text")
     (4, None)
     """
+    if batch.__class__ is tuple or batch.__class__ is list:  # the common (inputs, labels, ...)
+        first = batch[0] if batch else None
+        if first.__class__ is torch.Tensor and first.dim():
+            return first.shape[0]
     if isinstance(batch, torch.Tensor):
         return int(batch.shape[0]) if batch.dim() else None
     if isinstance(batch, Mapping):
@@ -115,6 +119,13 @@ class _Totals:
         else:
             self.samples += samples
 
+    def merge(self, other: _Totals) -> None:
+        self.steps += other.steps
+        self.data += other.data
+        self.compute += other.compute
+        self.samples += other.samples
+        self.counted = self.counted and other.counted
+
     def per_step(self, seconds: float) -> float | None:
         return seconds / self.steps if self.steps else None
 
@@ -162,6 +173,7 @@ class StatsMonitor(CallbackMixin):
         self._run = _Totals()
         self._epoch = _Totals()
         self._interval = _Totals()
+        self._pending = _Totals()  # steps not yet added to the three above (see _fold)
         self._epoch_start = 0.0
         self._prev_step_end = 0.0
         self._step_begin = 0.0
@@ -180,6 +192,17 @@ class StatsMonitor(CallbackMixin):
             return None
         return max(total - state.iteration, 0) * mean_step
 
+    def _fold(self) -> None:
+        """Add the steps since the last fold to the run, epoch and interval sums.
+
+        A step adds to one set of sums only; the three are brought up to date when read.
+        """
+        pending = self._pending
+        if pending.steps:
+            for totals in (self._run, self._epoch, self._interval):
+                totals.merge(pending)
+            self._pending = _Totals()
+
     def _store(self, storage: dict[str, Any], figures: dict[str, Any]) -> None:
         old = storage.get(STORAGE_KEY)
         storage[STORAGE_KEY] = {**(old if isinstance(old, dict) else {}), **figures}
@@ -188,8 +211,10 @@ class StatsMonitor(CallbackMixin):
     def on_loop_begin(self, **kwargs: Any) -> None:
         self._run = _Totals()
         self._interval = _Totals()
+        self._pending = _Totals()
 
     def on_epoch_begin(self, **kwargs: Any) -> None:
+        self._fold()
         self._epoch = _Totals()
         self._epoch_start = self._prev_step_end = self._clock()
 
@@ -205,11 +230,11 @@ class StatsMonitor(CallbackMixin):
         now = self._clock()
         compute = now - self._step_begin
         samples = self.batch_size if self.batch_size is not None else infer_batch_size(batch)
-        for totals in (self._run, self._epoch, self._interval):
-            totals.add(self._data_wait, compute, samples)
+        self._pending.add(self._data_wait, compute, samples)
         self._prev_step_end = now
         if self.log_freq < 1 or (global_step_id + 1) % self.log_freq:
             return
+        self._fold()
         span = self._interval
         self._interval = _Totals()
         figures = {
@@ -234,6 +259,7 @@ class StatsMonitor(CallbackMixin):
         self, loop: Any, epoch_id: int, global_step_id: int, storage: dict[str, Any], optimizer: Any = None,
         **kwargs: Any,
     ) -> None:
+        self._fold()
         epoch = self._epoch
         figures = {
             "epoch_id": epoch_id, "global_step_id": global_step_id, "epoch_time": self._clock() - self._epoch_start,

@@ -57,6 +57,17 @@ def _device_for_empty() -> torch.device:
     return idist.device()
 
 
+def _count_masks(masks: list[torch.Tensor]) -> torch.Tensor:
+    """The number of true elements in ``masks``, an int64 0-d tensor on the last mask's device."""
+    if len(masks) > 1:
+        try:  # one concatenation and one count (same trailing shape and device: the usual case)
+            return torch.count_nonzero(torch.cat(masks))
+        except RuntimeError:  # 0-d masks, other trailing shapes or devices: count one by one
+            device = masks[-1].device
+            return torch.stack([torch.count_nonzero(m).to(device) for m in masks]).sum()
+    return torch.count_nonzero(masks[0])
+
+
 class RunningMean:
     """The mean of scalar observations: a running sum tensor and a count.
 
@@ -138,12 +149,10 @@ class RunningCounts:
         for name, pending in (("hits", self._pending_hits), ("counted", self._pending_counted)):
             if not pending:
                 continue
-            device = pending[-1].device
-            counts = [torch.count_nonzero(p).to(device) for p in pending]
+            total = _count_masks(pending)
             pending.clear()
-            total = counts[0] if len(counts) == 1 else torch.stack(counts).sum()
             old = getattr(self, name)
-            setattr(self, name, total if old is None else old.to(device) + total)
+            setattr(self, name, total if old is None else old.to(total.device) + total)
 
     def totals(self, device: torch.device | None = None) -> torch.Tensor:
         """``[hits, counted, updates]`` of this process as an int64 tensor (folds what is pending)."""
@@ -170,11 +179,14 @@ class RunningCounts:
             device = self.hits.device if self.hits is not None else _device_for_empty()
             hits, counted, updates = _sum_over_ranks(self.totals(device))
         else:
-            hits, counted, updates = self.totals()
+            hits, updates = self.hits, self.updates
+            counted = self.host_counted if self.counted is None else self.counted + self.host_counted
         if not updates or (nan_if_none_counted and not counted):
             return None
         if not counted:
             return torch.zeros((), dtype=torch.float32, device=hits.device)
+        if counted.__class__ is int:
+            counted = torch.tensor(counted, dtype=torch.int64, device=hits.device)
         return hits.float() / counted.float()
 
     def reset(self) -> None:
