@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Callable
 
 import pytest
 
@@ -65,6 +66,26 @@ def _resume_with(command: str, cwd, env: dict[str, str]) -> subprocess.Completed
     return subprocess.CompletedProcess(argv, proc.returncode, "", err)
 
 
+def _hit_after_first_save(proc: subprocess.Popen, hit: Callable[[list[int]], None]) -> tuple[str, float, list[int], list]:
+    """Once the job saved its first checkpoint, ``hit(rank pids)``; wait for the job to end.
+
+    Returns:
+        The whole stderr, the seconds from the hit to the job's end, the rank pids, and the
+        processes of the job's group still alive; the group is killed in any case.
+    """
+    try:
+        ranks = rank_pids(proc.pid)
+        lines = read_until(proc, "Saved checkpoint")
+        sent = time.monotonic()
+        hit(ranks)
+        _, rest = proc.communicate(timeout=STOP_LIMIT_S + 30)
+        took = time.monotonic() - sent
+        members = survivors(proc.pid)
+    finally:
+        kill_group(proc)
+    return "".join(lines) + rest, took, ranks, members
+
+
 @pytest.mark.parametrize(("target", "signum"), [
     ("group", signal.SIGTERM),   # torchrun / a terminal: every process gets it
     ("launcher", signal.SIGINT),  # a scheduler signalling the parent only
@@ -82,22 +103,15 @@ def test_a_signal_stops_every_rank_at_the_same_step_with_a_resumable_checkpoint(
     work_dir = tmp_path / "wd"
     env = {"STEP_SLEEP": "0.4", "RANKS_DIR": str(tmp_path / "ranks")}
     proc = start_job(config, work_dir, env=env)
-    try:
-        ranks = rank_pids(proc.pid)
-        lines = read_until(proc, "Saved checkpoint")
-        sent = time.monotonic()
+    def send(ranks: list[int]) -> None:
         if target == "group":
             os.killpg(proc.pid, signum)
         elif target == "launcher":
             proc.send_signal(signum)
         else:
             os.kill(ranks[1], signum)
-        _, rest = proc.communicate(timeout=STOP_LIMIT_S + 30)
-        took = time.monotonic() - sent
-        members = survivors(proc.pid)
-    finally:
-        kill_group(proc)
-    err = "".join(lines) + rest
+
+    err, took, ranks, members = _hit_after_first_save(proc, send)
     assert proc.returncode == 128 + signum, err[-3000:]
     assert took < STOP_LIMIT_S, took
     assert not any(alive(pid) for pid in ranks) and members == [], members
@@ -126,17 +140,7 @@ def test_a_signal_stops_every_rank_at_the_same_step_with_a_resumable_checkpoint(
 def test_a_sigkilled_rank_ends_the_job_without_orphans(tmp_path):
     config = write_dist_config(tmp_path)
     proc = start_job(config, tmp_path / "wd", env={"STEP_SLEEP": "0.4", "RANKS_DIR": str(tmp_path / "ranks")})
-    try:
-        ranks = rank_pids(proc.pid)
-        lines = read_until(proc, "Saved checkpoint")
-        os.kill(ranks[1], signal.SIGKILL)
-        killed = time.monotonic()
-        _, rest = proc.communicate(timeout=STOP_LIMIT_S + 30)
-        took = time.monotonic() - killed
-        members = survivors(proc.pid)
-    finally:
-        kill_group(proc)
-    err = "".join(lines) + rest
+    err, took, ranks, members = _hit_after_first_save(proc, lambda ranks: os.kill(ranks[1], signal.SIGKILL))
     assert proc.returncode not in (0, None), err[-3000:]
     assert took < STOP_LIMIT_S, took
     assert not any(alive(pid) for pid in ranks) and members == [], members
