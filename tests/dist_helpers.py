@@ -4,7 +4,10 @@
 * ``FailingMLP``: the digits MLP, raising on one rank at one training step;
 * ``python tests/dist_helpers.py allreduce OUT_DIR``: trains DDP models in two gloo processes
   with a comm hook counting all-reduces, for ``delay_sync`` and gradient accumulation on and off,
-  and writes the counts and final parameters to ``OUT_DIR/allreduce.pt``.
+  and writes the counts and final parameters to ``OUT_DIR/allreduce.pt``;
+* ``python tests/dist_helpers.py release OUT_DIR``: trains a DDP model in two gloo processes with
+  the automatic garbage collector off and the trainer in a reference cycle, and writes at each
+  process's exit whether the model was still alive (``OUT_DIR/release_rank{r}.txt``).
 """
 
 from __future__ import annotations
@@ -110,8 +113,42 @@ def allreduce_main(device, out_dir: str) -> None:
         torch.save(results, os.path.join(out_dir, "allreduce.pt"))
 
 
+def release_main(device, out_dir: str) -> None:
+    """Train 2 steps, leave the trainer in a cycle, report at exit whether its DDP model lived on."""
+    import atexit
+    import gc
+    import weakref
+
+    import ignite.distributed as idist
+    from torch.utils.data import DataLoader, Subset
+
+    from hat_ignite.data.digits import DigitsDataset
+    from hat_ignite.engine import BasicBatchProcessor, DistributedDataParallelTrainer, collect_loss_by_index
+
+    gc.disable()  # only an explicit collection frees a cycle now
+    model = MLPClassifier(in_features=64, hidden_features=16, num_classes=10)
+    trainer = DistributedDataParallelTrainer(
+        model=model, data_loader=DataLoader(Subset(DigitsDataset("train"), range(64)), batch_size=8),
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1), device=None,
+        batch_processor=BasicBatchProcessor(need_grad_update=True, loss_collector=collect_loss_by_index(0)),
+        stop_by="step", num_steps=2,
+    )
+    trainer.fit()
+    trainer.itself = trainer  # a reference cycle, whatever the engine's own references are
+    ddp_model = weakref.ref(trainer.model)
+    path = os.path.join(out_dir, f"release_rank{idist.get_rank()}.txt")
+
+    def report() -> None:
+        with open(path, "w") as f:
+            f.write("alive" if ddp_model() is not None else "freed")
+
+    atexit.register(report)
+
+
 if __name__ == "__main__":
     from hat_ignite.engine.launcher import launch_distributed
 
     if sys.argv[1] == "allreduce":
         launch_distributed(allreduce_main, num_processes=2, timeout=60, args=(sys.argv[2],))
+    elif sys.argv[1] == "release":
+        launch_distributed(release_main, num_processes=2, timeout=60, args=(sys.argv[2],))

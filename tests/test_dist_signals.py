@@ -91,12 +91,6 @@ def _hit_after_first_save(proc: subprocess.Popen, hit: Callable[[list[int]], Non
     ("launcher", signal.SIGINT),  # a scheduler signalling the parent only
     ("rank1", signal.SIGTERM),   # one rank (not the one writing checkpoints)
 ])
-@pytest.mark.xfail(
-    strict=False,
-    reason="known intermittent fault (about 1 run in 4): after a clean stop a rank can abort with "
-           "'terminate called without an active exception' while the interpreter tears the gloo "
-           "process group down, and the job then exits 1; open in issue 8 (docs/reliability.md)",
-)
 def test_a_signal_stops_every_rank_at_the_same_step_with_a_resumable_checkpoint(
         tmp_path, straight_2proc, target, signum):
     config = write_dist_config(tmp_path)
@@ -147,11 +141,6 @@ def test_a_sigkilled_rank_ends_the_job_without_orphans(tmp_path):
     assert "SIGKILL" in err, err[-3000:]  # the launcher names how the rank died
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="failed once in a run of this whole file (cause not captured; it passed in every run "
-           "alone); suspected to be the same rank abort at process-group teardown; open in issue 8",
-)
 def test_a_sigkilled_job_resumed_on_2_processes_is_bitwise_equal(tmp_path, straight_2proc):
     config = write_dist_config(tmp_path)
     work_dir = tmp_path / "wd"

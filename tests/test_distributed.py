@@ -164,6 +164,15 @@ def test_delay_sync_and_accumulation_skip_all_reduces_without_changing_the_resul
     assert not all(torch.equal(accum_params[k], delay_params[k]) for k in accum_params)
 
 
+def test_a_launched_process_frees_its_ddp_model_before_it_exits(tmp_path):
+    # A DDP model kept in a reference cycle until the interpreter's exit can have its process
+    # group released while Python is torn down, which aborts the process (SIGABRT) after a run
+    # that succeeded; the launcher collects such cycles when the training function returns.
+    proc = run([sys.executable, str(TESTS / "dist_helpers.py"), "release", str(tmp_path)], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert [(tmp_path / f"release_rank{r}.txt").read_text() for r in (0, 1)] == ["freed", "freed"]
+
+
 def test_a_failing_rank_ends_the_whole_job_with_its_error(tmp_path):
     cfg = write_config(tmp_path / "cfg.py", tmp_path / "out", batch_size=16, model="dist_helpers.FailingMLP",
                        model_args=", fail_rank=1, fail_step=2")

@@ -88,3 +88,28 @@ def test_a_second_signal_exits_at_once_without_saving(tmp_path):
     assert proc.returncode == 143, err[-2000:]
     assert "second SIGTERM: exiting now without saving" in err
     assert "resumable checkpoint" not in err
+
+
+def test_the_stop_handler_does_not_keep_the_trainer_alive():
+    # After a stop the handler stays installed to the process's end (a second signal exits at
+    # once); it must not hold the trainer, whose DDP model would keep the process group alive.
+    import gc
+    import weakref
+
+    from hat_ignite.cli.resume import install_stop_signals
+
+    class Stoppable:
+        def request_stop(self, reason: str, code: int) -> None:
+            self.stop = (reason, code)
+
+    trainer = Stoppable()
+    received, restore = install_stop_signals(trainer)
+    try:
+        signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)  # the first signal: a stop request
+        assert received == [signal.SIGTERM] and trainer.stop == ("received SIGTERM", signal.SIGTERM)
+        ref = weakref.ref(trainer)
+        del trainer
+        gc.collect()
+        assert ref() is None
+    finally:
+        restore()

@@ -20,6 +20,7 @@ import shlex
 import signal
 import sys
 import threading
+import weakref
 from collections.abc import Mapping
 from typing import Any, Callable, Sequence
 
@@ -136,15 +137,22 @@ def install_stop_signals(trainer: Any) -> tuple[list[int], Callable[[], None]]:
     received: list[int] = []
     if threading.current_thread() is not threading.main_thread():
         return received, lambda: None
+    # Weakly: after a stop the handler stays until the process ends, and a trainer it held would
+    # keep a DDP model, and with it the process group and its threads, alive into the
+    # interpreter's shutdown (see hat_ignite.engine.launcher._release_run_objects).
+    trainer_ref = weakref.ref(trainer)
 
     def on_signal(signum: int, _frame: Any) -> None:
-        if received:  # the second signal: no more waiting
-            saved = [p for p in getattr(trainer, "resume_points", None) or [] if p]
-            done = f"the resumable checkpoint {saved[-1]} was already written" if saved else "without saving"
-            os.write(2, f"hat-train: second {signal.Signals(signum).name}: exiting now {done}\n".encode())
+        live = trainer_ref()
+        if received or live is None:  # the second signal (or one after the run): no more waiting
+            saved = [p for p in getattr(live, "resume_points", None) or [] if p]
+            done = (f"the resumable checkpoint {saved[-1]} was already written" if saved
+                    else "after the run ended" if live is None else "without saving")
+            os.write(2, f"hat-train: {'second ' if received else ''}{signal.Signals(signum).name}: "
+                        f"exiting now {done}\n".encode())
             os._exit(128 + signum)
         received.append(signum)
-        trainer.request_stop(f"received {signal.Signals(signum).name}", code=signum)
+        live.request_stop(f"received {signal.Signals(signum).name}", code=signum)
 
     previous = {sig: signal.signal(sig, on_signal) for sig in _SIGNALS}
 

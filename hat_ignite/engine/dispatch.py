@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from ignite.engine.events import RemovableEventHandle
 
-from hat_ignite.engine.events import EVENT_HOOKS, HOOK_EVENTS
+from hat_ignite.engine.events import HOOK_EVENTS
 from hat_ignite.engine.kwargs_use import keywords_read
 from hat_ignite.engine.state import accepted_kwargs, kwargs_builder
 from hat_ignite.errors import CallbackSignatureError
@@ -30,6 +30,9 @@ __all__ = ["HookCall", "attach_hooks", "check_hook_signature", "fire_hat_event"]
 
 
 _FULL_BUILDERS = {hook: kwargs_builder(hook) for hook in HOOK_EVENTS}
+# hook name by ``event.hat_index``: a tuple index, where a dict keyed by the event would pay its
+# Python-level ``__hash__`` at every firing
+_HOOK_BY_INDEX = tuple(sorted(HOOK_EVENTS, key=lambda hook: HOOK_EVENTS[hook].hat_index))
 
 
 def check_hook_signature(owner: Any, hook: str, method: Callable) -> frozenset[str] | None:
@@ -126,11 +129,12 @@ def fire_hat_event(engine: LoopBase, event: Any) -> None:
     of the event against the registered list (a HAT event always is registered) and its
     per-call debug message, which together cost more than a trivial handler.
     """
-    handlers = engine.hat_handlers[event.hat_index]
+    index = event.hat_index
+    handlers = engine.hat_handlers[index]
     if not handlers:
         return
     engine.last_event_name = event
-    hook = EVENT_HOOKS[event]
+    hook = _HOOK_BY_INDEX[index]
     outer = engine._kwargs_cache
     engine._kwargs_cache = cache = {}  # this firing's keywords, shared by its **kwargs hooks
     shared = None

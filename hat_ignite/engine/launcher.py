@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import datetime
 import functools
+import gc
 import logging
 import os
 import socket
+import time
 from typing import Any, Callable, Mapping, Sequence
 
 __all__ = ["build_launcher", "launch_distributed", "launch_local", "is_torchrun", "free_port", "DDP_TRAINERS"]
@@ -75,7 +77,29 @@ def _entry(local_rank: int, main_func: Callable, device_ids: Sequence[int] | Non
         torch.cuda.set_device(device)
     elif "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // idist.get_nproc_per_node()))
-    main_func(device, *args, **kwargs)
+    try:
+        main_func(device, *args, **kwargs)
+    finally:
+        _release_run_objects()
+
+
+def _release_run_objects() -> None:
+    """Let the process group go before the interpreter does; called at the end of every process.
+
+    A gloo thread frees the tensors of a collective after the collective completed; when Python
+    no longer holds such a tensor, that needs the GIL. If the interpreter is already shutting
+    down, the thread cannot take it and the process aborts (``terminate called without an
+    active exception``, SIGABRT), failing a job that had finished. The thread lives as long as
+    the process group, and the group as long as something holds it: Ignite's ``finalize()``
+    destroys it only once nothing else does, and an engine, its callbacks and its
+    ``DistributedDataParallel`` model refer to each other, so they outlive the training
+    function until the garbage collector runs. Collecting here frees them while the interpreter
+    is whole, so the group and its threads end at ``finalize()``; the short sleep hands the GIL
+    to a thread still freeing the last collective's tensors, for a group held on by something
+    else (a model in a global variable).
+    """
+    gc.collect()
+    time.sleep(0.01)
 
 
 def launch_distributed(
