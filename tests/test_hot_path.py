@@ -96,3 +96,28 @@ def test_a_nan_loss_on_the_cpu_stops_before_backward_end():
     with pytest.raises(NonFiniteLossError, match="global_step_id=2"):
         trainer.fit()
     assert events == [0, 1]  # step 2 raised before its BACKWARD_END and its update
+
+
+def test_tensorboard_builds_batch_keywords_only_for_its_update_functions(tmp_path):
+    from hat_ignite.callbacks import TensorBoard
+    from hat_ignite.engine.dispatch import HookCall
+
+    seen = []
+
+    def record(model_outs, batch, **kwargs):
+        seen.append(batch is not None and "train_metrics" in kwargs)
+
+    # the Net's outputs are (loss, logits): its loss is output "0"
+    plain = TensorBoard(save_dir=str(tmp_path / "plain"), update_freq=1, loss_name_reg="^0$")
+    with_funcs = TensorBoard(save_dir=str(tmp_path / "funcs"), update_freq=1, loss_name_reg="^0$",
+                             tb_update_funcs=[record])
+    trainer = make_trainer([plain, with_funcs])
+    calls = [h for h, _, _ in trainer._event_handlers[HatEvents.BATCH_END] if isinstance(h, HookCall)]
+    assert [c.only for c in calls] == [frozenset({"model_outs", "epoch_id", "global_step_id"}), None]
+    trainer.fit()
+    assert seen == [True] * 4  # the update functions still get every keyword
+    from hat_ignite.visualize.event_file import event_files, read_scalars
+
+    for run in ("plain", "funcs"):  # both wrote the loss at every step
+        (path,) = event_files(tmp_path / run)
+        assert [step for step, _ in read_scalars(path)["loss/0"]] == [0, 1, 2, 3]
