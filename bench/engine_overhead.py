@@ -31,14 +31,16 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 
 import workloads  # noqa: E402
-from workloads import VARIANTS, WORKLOADS, TimedBatches, lightning_available, make_batches  # noqa: E402
+from workloads import BREAKDOWN_VARIANTS, VARIANTS, WORKLOADS, TimedBatches, lightning_available, make_batches  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = {"noop": 400, "mlp": 200, "cnn": 40}
+#: every row there is, before ``--variants`` narrows VARIANTS down
+ALL_VARIANTS = {**VARIANTS, **BREAKDOWN_VARIANTS}
 
 
 def variants_for(workload: str) -> list[str]:
-    keys = [k for k in VARIANTS if not (k == "d" and workload == "noop")]
+    keys = [k for k in VARIANTS if not (k.startswith("d") and workload == "noop")]  # no model outputs
     return [k for k in keys if k != "e" or lightning_available()]
 
 
@@ -62,13 +64,20 @@ def _paired(xs: list[float], base: list[float]) -> str:
     return f"{statistics.median(diffs):+8.1f} [{diffs[0]:+.1f}..{diffs[-1]:+.1f}]"
 
 
+def _low(xs: list[float]) -> float:
+    """The 10th percentile of a variant's runs: its cost with the least interference."""
+    return sorted(xs)[len(xs) // 10]
+
+
 def print_step_table(workload: str, res: dict[str, list[float]], steps: int) -> None:
     print(f"\n### workload `{workload}` ({len(res['a'])} rounds, {steps} steps per run)\n")
-    print("| variant | median µs/step | minus (a), median [min..max] | minus (b), median [min..max] |")
-    print("|---|---:|---:|---:|")
+    print("| variant | median µs/step | minus (a), median [min..max] | minus (b), median [min..max] "
+          "| p10 minus p10 of (b) |")
+    print("|---|---:|---:|---:|---:|")
     for k, xs in res.items():
         label = VARIANTS[k][0]
-        print(f"| {label} | {statistics.median(xs):.1f} | {_paired(xs, res['a'])} | {_paired(xs, res['b'])} |")
+        print(f"| {label} | {statistics.median(xs):.1f} | {_paired(xs, res['a'])} | {_paired(xs, res['b'])} "
+              f"| {_low(xs) - _low(res['b']):+.1f} |")
 
 
 # -- start-up time ------------------------------------------------------------------------------
@@ -120,7 +129,7 @@ def _peak_rss_mib() -> float:
 def rss_child(workload: str, key: str, steps: int) -> None:
     """Run one variant in this (fresh) process and print its peak RSS in MiB."""
     torch.set_num_threads(1)
-    VARIANTS[key][1](workload, TimedBatches(make_batches(workload), steps))
+    ALL_VARIANTS[key][1](workload, TimedBatches(make_batches(workload), steps))
     print(f"{_peak_rss_mib():.1f}")
 
 
@@ -136,7 +145,7 @@ def peak_rss(workload: str, steps: int, keys: list[str]) -> None:
         )
         got[k] = float(out.stdout.strip().splitlines()[-1])
     for k, mib in got.items():
-        print(f"| {VARIANTS[k][0]} | {mib:.1f} | {mib - got['b']:+.1f} |")
+        print(f"| {ALL_VARIANTS[k][0]} | {mib:.1f} | {mib - got['b']:+.1f} |")
 
 
 def versions() -> str:
@@ -158,7 +167,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated: noop,mlp,cnn")
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                         help="time steps by the wall clock (default) or by this process's CPU time (robust to other load)")
-    parser.add_argument("--variants", default=None, help="comma-separated subset of: " + ",".join(VARIANTS))
+    parser.add_argument("--variants", default=None, help="comma-separated subset of: " + ",".join(VARIANTS)
+                        + "; breakdown rows, only when named: " + ",".join(BREAKDOWN_VARIANTS))
     parser.add_argument("--rss-child", nargs=2, metavar=("WORKLOAD", "VARIANT"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -166,6 +176,11 @@ def main(argv: list[str] | None = None) -> None:
         workloads.CLOCK = time.process_time
     if args.variants:
         only = set(args.variants.split(",")) | {"a", "b"}  # the pairs every row is taken against
+        unknown = only - set(VARIANTS) - set(BREAKDOWN_VARIANTS)
+        if unknown:
+            parser.error(f"--variants: unknown {', '.join(sorted(unknown))}; choose from "
+                         f"{', '.join([*VARIANTS, *BREAKDOWN_VARIANTS])}")
+        VARIANTS.update({k: v for k, v in BREAKDOWN_VARIANTS.items() if k in only})
         for key in [k for k in VARIANTS if k not in only]:
             del VARIANTS[key]
     if args.rss_child:

@@ -208,14 +208,18 @@ def _digits_callbacks(ckpt_dir: str) -> list:
     return callbacks
 
 
-def run_trainer(workload: str, data: TimedBatches, callbacks: str = "none") -> None:
+def run_trainer(workload: str, data: TimedBatches, callbacks: str = "none", checks: bool = True,
+                without: str | None = None) -> None:
+    """(c)-style runs; ``checks=False`` turns the finite-loss/gradient checks off, ``without`` drops
+    the digits callback of that class name."""
     from hat_ignite.engine import BasicBatchProcessor, Trainer, collect_loss_by_index
 
     model, opt = make_model(workload)
     if workload == "noop":
         processor = _noop_processor()
     else:
-        processor = BasicBatchProcessor(need_grad_update=True, loss_collector=collect_loss_by_index(0))
+        processor = BasicBatchProcessor(need_grad_update=True, loss_collector=collect_loss_by_index(0),
+                                        check_finite_loss=checks)
     extra: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
         if callbacks in ("ten", "ten-full"):
@@ -223,8 +227,9 @@ def run_trainer(workload: str, data: TimedBatches, callbacks: str = "none") -> N
         elif callbacks == "digits":
             from hat_ignite.metrics import Accuracy, LossShow
 
-            cbs = _digits_callbacks(tmp)
-            extra["train_metrics"] = [LossShow(), Accuracy()]
+            cbs = [cb for cb in _digits_callbacks(tmp) if type(cb).__name__ != without]
+            if without != "MetricUpdater":  # without their updater the metrics would stay empty (NaN)
+                extra["train_metrics"] = [LossShow(), Accuracy()]
         else:
             cbs = []
         Trainer(model=model, data_loader=data, optimizer=opt, batch_processor=processor, device=None,
@@ -277,4 +282,12 @@ VARIANTS: dict[str, tuple[str, Callable[[str, TimedBatches], None]]] = {
     "c10f": ("(c10f) … each keeping its whole kwargs dict", lambda w, d: run_trainer(w, d, "ten-full")),
     "d": ("(d) Trainer + digits callbacks", lambda w, d: run_trainer(w, d, "digits")),
     "e": ("(e) PyTorch Lightning", run_lightning),
+}
+
+#: Rows that take (c) and (d) apart; run only when ``--variants`` names them.
+BREAKDOWN_VARIANTS: dict[str, tuple[str, Callable[[str, TimedBatches], None]]] = {
+    "c0": ("(c0) (c) with the finite-loss/gradient checks off", lambda w, d: run_trainer(w, d, checks=False)),
+    "dM": ("(d−M) (d) without MetricUpdater", lambda w, d: run_trainer(w, d, "digits", without="MetricUpdater")),
+    "dS": ("(d−S) (d) without StatsMonitor", lambda w, d: run_trainer(w, d, "digits", without="StatsMonitor")),
+    "dT": ("(d−T) (d) without TensorBoard", lambda w, d: run_trainer(w, d, "digits", without="TensorBoard")),
 }

@@ -29,7 +29,7 @@ def test_quick_benchmark_prints_every_variant_row():
         for row in expected:
             line = next((ln for ln in table.splitlines() if ln.startswith(f"| {row} |")), None)
             assert line is not None, (workload, row)
-            assert line.count("|") == 5 and "[" in line, line  # median, and paired median [min..max]
+            assert line.count("|") == 6 and "[" in line, line  # median, paired medians [min..max], p10 difference
     for command in ("`python -c 'import ignite.engine'`", "`python -c 'import hat_ignite'`", "`hat-train --help`"):
         assert f"| {command} |" in out
     rss = next(t for t in tables if t.startswith("peak RSS"))
