@@ -2,6 +2,7 @@
 
 * ``DumpParams``: a callback writing each rank's final parameters to ``params_rank{r}.pt``;
 * ``FailingMLP``: the digits MLP, raising on one rank at one training step;
+* ``NanLossMLP``: the digits MLP, whose loss is NaN on one rank at one training step;
 * ``python tests/dist_helpers.py allreduce OUT_DIR``: trains DDP models in two gloo processes
   with a comm hook counting all-reduces, for ``delay_sync`` and gradient accumulation on and off,
   and writes the counts and final parameters to ``OUT_DIR/allreduce.pt``;
@@ -54,6 +55,25 @@ class FailingMLP(MLPClassifier):
                 raise RuntimeError(f"injected failure on rank {self.fail_rank} at step {self.fail_step}")
             self.calls += 1
         return super().forward(data, labels)
+
+
+class NanLossMLP(MLPClassifier):
+    """An MLPClassifier whose training loss is NaN at forward number ``nan_step`` on rank ``nan_rank``."""
+
+    def __init__(self, nan_rank: int = 1, nan_step: int = 2, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.nan_rank, self.nan_step, self.calls = nan_rank, nan_step, 0
+
+    def forward(self, data, labels=None):
+        import ignite.distributed as idist
+
+        out = super().forward(data, labels)
+        if self.training:
+            if idist.get_rank() == self.nan_rank and self.calls == self.nan_step:
+                losses, logits = out
+                out = {"cls_loss": losses["cls_loss"] * float("nan")}, logits
+            self.calls += 1
+        return out
 
 
 def _train_counting(delay_sync: bool, accumulation: int, num_batches: int) -> tuple[int, dict]:

@@ -370,3 +370,20 @@ def test_resume_restores_ema_weights_and_keeps_the_checkpoint_on_the_loop(tmp_pa
     assert "optimizer and grad_scaler (resume_optimizer=False)" in report["skipped"]
     assert torch.equal(second.ema_model.head.weight, first.ema_model.head.weight)
     assert second.checkpoint["epoch"] == 0 and second.start_epoch == 0
+
+
+def test_resume_with_optimizer_and_progress_off_restores_the_weights_only_and_says_so(tmp_path, caplog):
+    first = make_trainer([Checkpoint(tmp_path)], num_epochs=2)
+    first.fit()
+    second = make_trainer([], seed=5, num_epochs=1)  # resume_optimizer / resume_epoch_or_step: False
+    with caplog.at_level("INFO", logger="hat_ignite.callbacks.checkpoint_state"):
+        report = resume_from(second, tmp_path / "checkpoint-last.pth.tar")
+    assert report == {"restored": ["model"], "skipped": [
+        "optimizer and grad_scaler (resume_optimizer=False)",
+        "epoch/step, callback states and RNG (resume_epoch_or_step=False)",
+    ]}
+    assert all(torch.equal(a, b) for a, b in zip(second.model.state_dict().values(),
+                                                 first.model.state_dict().values()))
+    assert second.optimizer.state_dict()["state"] == {}  # no momentum buffers loaded
+    assert second.start_epoch == 0 and second.checkpoint is not None
+    assert "Not restored from" in caplog.text and "resume_optimizer=False" in caplog.text

@@ -184,6 +184,23 @@ def test_a_failing_rank_ends_the_whole_job_with_its_error(tmp_path):
     assert not (tmp_path / "out").exists()  # no rank reached the end of the loop
 
 
+def test_a_nan_loss_on_one_rank_stops_every_rank_at_that_step(tmp_path):
+    # The NaN check's flag is all-reduced: rank 0, whose loss is finite, stops at the same step
+    # with the same error instead of entering the backward's all-reduce that rank 1 never joins.
+    cfg = write_config(tmp_path / "cfg.py", tmp_path / "out", batch_size=16, model="dist_helpers.NanLossMLP",
+                       model_args=", nan_rank=1, nan_step=2")
+    proc = run([sys.executable, HAT_TRAIN, str(cfg), "--work-dir", str(tmp_path / "work"), "--nproc", "2",
+                "--dist-timeout", "60"], cwd=tmp_path, timeout=120)
+    assert proc.returncode != 0
+    where = ("training float_trainer failed at epoch_id=0, global_step_id=2: NonFiniteLossError: "
+             "Non-finite loss at epoch_id=0, step_id=2, global_step_id=2, batch_idx=0")
+    assert f"hat-train (rank 1): error: CliError: {where}: losses[0]=nan." in proc.stderr, proc.stderr[-4000:]
+    assert f"hat-train (rank 0): error: CliError: {where}: on another rank (this rank's: losses[0]=" \
+        in proc.stderr, proc.stderr[-4000:]
+    assert "Timeout" not in proc.stderr and "timed out" not in proc.stderr
+    assert not (tmp_path / "out").exists()  # no rank reached the end of the loop
+
+
 def test_multitask_config_trains_both_heads_in_two_processes(tmp_path):
     config = ROOT / "configs" / "classification" / "digits_multitask.py"
     proc = run([sys.executable, HAT_TRAIN, str(config), "--work-dir", str(tmp_path / "work"), "--nproc", "2",

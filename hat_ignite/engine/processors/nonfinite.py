@@ -179,10 +179,13 @@ class NonFiniteGuard:
 
     def check_loss(self, engine: LoopBase, loss: torch.Tensor, losses: Any, model_outs: Any, batch_idx: int) -> None:
         """Raise, or mark the step's update as dropped, when ``loss`` is NaN or infinite."""
-        if all_ranks_finite(math.isfinite(loss.item())):
+        local = math.isfinite(loss.item())
+        if all_ranks_finite(local):
             return
         where = _where(engine.state, batch_idx)
         what = describe_losses(losses, model_outs)
+        if local:  # only another rank's loss is non-finite; all stop or skip at the same step
+            what = f"on another rank (this rank's: {what})"
         if self.policy == "skip":
             self.pending = self.pending or f"non-finite loss at {where}: {what}"
             return
