@@ -387,3 +387,36 @@ def test_resume_with_optimizer_and_progress_off_restores_the_weights_only_and_sa
     assert second.optimizer.state_dict()["state"] == {}  # no momentum buffers loaded
     assert second.start_epoch == 0 and second.checkpoint is not None
     assert "Not restored from" in caplog.text and "resume_optimizer=False" in caplog.text
+
+
+def _fp16_trainer(save_dir, callbacks=(), **kwargs) -> Trainer:
+    """fp16 autocast with a GradScaler whose scale moves: overflows at the start, growth every 2 steps."""
+    torch.manual_seed(0)
+    model = DropoutNet()
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**40, growth_interval=2)
+    return Trainer(
+        model=model, data_loader=make_loader(), optimizer=torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+        batch_processor=BasicBatchProcessor(need_grad_update=True, loss_collector=collect_loss_by_index(0),
+                                            enable_amp=True, enable_amp_dtype=torch.float16, grad_scaler=scaler),
+        device=None, num_epochs=4, callbacks=[Checkpoint(save_dir), *callbacks], **kwargs,
+    )
+
+
+def test_a_resumed_fp16_run_restores_the_grad_scaler_and_ends_bitwise_equal(tmp_path):
+    straight = _fp16_trainer(tmp_path / "straight")
+    straight.fit()
+    scales = [load_checkpoint(p)["grad_scaler"]["scale"] for p in list_checkpoints(tmp_path / "straight")]
+    assert len(set(scales)) > 1  # the scale changed during the run: there is state to restore
+    crashed = _fp16_trainer(tmp_path / "split", callbacks=[CrashAfter(1)])
+    with pytest.raises(KeyboardInterrupt):
+        crashed.fit()
+    resumed = _fp16_trainer(tmp_path / "resumed", resume_optimizer=True, resume_epoch_or_step=True)
+    saved = load_checkpoint(tmp_path / "split" / "checkpoint-last.pth.tar")
+    report = resume_from(resumed, tmp_path / "split" / "checkpoint-last.pth.tar")
+    assert "grad_scaler" in " ".join(report["restored"])
+    assert resumed.batch_processor.grad_scaler.get_scale() == saved["grad_scaler"]["scale"] != 2.0**40
+    resumed.fit()
+    assert resumed.state.iteration == straight.state.iteration == 4 * STEPS_PER_EPOCH
+    assert resumed.batch_processor.grad_scaler.state_dict() == straight.batch_processor.grad_scaler.state_dict()
+    for (name, a), b in zip(straight.model.state_dict().items(), resumed.model.state_dict().values()):
+        assert torch.equal(a, b), name

@@ -75,6 +75,31 @@ def test_sigkilled_and_resumed_run_is_bitwise_equal_to_a_straight_run(tmp_path, 
         assert differences(load(step_file(straight, step)), load(step_file(resumed, step)), RUN_SPECIFIC) == [], step
 
 
+def test_sigkilled_at_the_first_and_at_the_last_step_resumes_to_the_straight_result(tmp_path):
+    """Kill at step 0 (before any checkpoint), resume auto (a fresh start); kill at the last step
+    before its save, resume auto; the run ends as the straight run does."""
+    straight = straight_run("workers0")
+    config = write_config(tmp_path)
+    work_dir = tmp_path / "wd"
+    last = TOTAL_STEPS - 1
+    env = {"KILL_AT": f"step:0,step:{last}", "KILL_MARKERS": str(tmp_path), "RESUME_VARIANT": "workers0"}
+    first = hat_train(config, work_dir, "--resume", "auto", env=env)
+    assert first.returncode == -9, first.stderr[-2000:]
+    assert not list((work_dir / "checkpoints").glob("*.pth.tar"))  # killed before the first save
+    second = hat_train(config, work_dir, "--resume", "auto", env=env)
+    assert second.returncode == -9, second.stderr[-2000:]
+    assert "no checkpoint in" in second.stderr and "starting from the beginning" in second.stderr
+    assert load(work_dir / "checkpoints" / "checkpoint-last.pth.tar")["step"] == last - 2  # step 17 unsaved
+    third = hat_train(config, work_dir, "--resume", "auto", env=env)
+    assert third.returncode == 0, third.stderr[-2000:]
+    assert f"Resuming inside epoch 2 at step {STEPS_PER_EPOCH - 2} of {STEPS_PER_EPOCH}" in third.stderr
+    final_a = load(straight / "checkpoints" / "checkpoint-last.pth.tar")
+    final_b = load(work_dir / "checkpoints" / "checkpoint-last.pth.tar")
+    assert final_b["step"] == last and differences(final_a, final_b, RUN_SPECIFIC) == []
+    for step in SAVED_STEPS:
+        assert differences(load(step_file(straight, step)), load(step_file(work_dir, step)), RUN_SPECIFIC) == [], step
+
+
 def test_resuming_without_the_saved_generators_is_not_equal(tmp_path):
     """The test above has teeth: the same resume with the RNG state deleted ends elsewhere."""
     straight = straight_run("workers0")
