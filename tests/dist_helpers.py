@@ -40,39 +40,47 @@ class DumpParams(CallbackMixin):
         torch.save(state, os.path.join(self.out_dir, f"params_rank{idist.get_rank()}.pt"))
 
 
-class FailingMLP(MLPClassifier):
+class _OneBadStepMLP(MLPClassifier):
+    """An MLPClassifier that misbehaves at training forward number ``step`` on rank ``rank``."""
+
+    def __init__(self, rank: int, step: int, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.bad_rank, self.bad_step, self.calls = rank, step, 0
+
+    def _bad_now(self) -> bool:
+        """Whether this training forward is the bad one (counts the training forwards)."""
+        import ignite.distributed as idist
+
+        if not self.training:
+            return False
+        self.calls += 1
+        return idist.get_rank() == self.bad_rank and self.calls - 1 == self.bad_step
+
+
+class FailingMLP(_OneBadStepMLP):
     """An MLPClassifier that raises at training forward number ``fail_step`` on rank ``fail_rank``."""
 
     def __init__(self, fail_rank: int = 1, fail_step: int = 2, **kwargs) -> None:
-        super().__init__(**kwargs)
-        self.fail_rank, self.fail_step, self.calls = fail_rank, fail_step, 0
+        super().__init__(fail_rank, fail_step, **kwargs)
 
     def forward(self, data, labels=None):
-        import ignite.distributed as idist
-
-        if self.training:
-            if idist.get_rank() == self.fail_rank and self.calls == self.fail_step:
-                raise RuntimeError(f"injected failure on rank {self.fail_rank} at step {self.fail_step}")
-            self.calls += 1
+        if self._bad_now():
+            raise RuntimeError(f"injected failure on rank {self.bad_rank} at step {self.bad_step}")
         return super().forward(data, labels)
 
 
-class NanLossMLP(MLPClassifier):
+class NanLossMLP(_OneBadStepMLP):
     """An MLPClassifier whose training loss is NaN at forward number ``nan_step`` on rank ``nan_rank``."""
 
     def __init__(self, nan_rank: int = 1, nan_step: int = 2, **kwargs) -> None:
-        super().__init__(**kwargs)
-        self.nan_rank, self.nan_step, self.calls = nan_rank, nan_step, 0
+        super().__init__(nan_rank, nan_step, **kwargs)
 
     def forward(self, data, labels=None):
-        import ignite.distributed as idist
-
+        bad = self._bad_now()
         out = super().forward(data, labels)
-        if self.training:
-            if idist.get_rank() == self.nan_rank and self.calls == self.nan_step:
-                losses, logits = out
-                out = {"cls_loss": losses["cls_loss"] * float("nan")}, logits
-            self.calls += 1
+        if bad:
+            losses, logits = out
+            out = {"cls_loss": losses["cls_loss"] * float("nan")}, logits
         return out
 
 

@@ -173,11 +173,16 @@ def test_a_launched_process_frees_its_ddp_model_before_it_exits(tmp_path):
     assert [(tmp_path / f"release_rank{r}.txt").read_text() for r in (0, 1)] == ["freed", "freed"]
 
 
+def _two_processes_with_model(tmp_path: pathlib.Path, model: str, model_args: str,
+                              dist_timeout: int) -> subprocess.CompletedProcess:
+    """``hat-train --nproc 2`` on the test config with another model (16 images per process)."""
+    cfg = write_config(tmp_path / "cfg.py", tmp_path / "out", batch_size=16, model=model, model_args=model_args)
+    return run([sys.executable, HAT_TRAIN, str(cfg), "--work-dir", str(tmp_path / "work"), "--nproc", "2",
+                "--dist-timeout", str(dist_timeout)], cwd=tmp_path, timeout=120)
+
+
 def test_a_failing_rank_ends_the_whole_job_with_its_error(tmp_path):
-    cfg = write_config(tmp_path / "cfg.py", tmp_path / "out", batch_size=16, model="dist_helpers.FailingMLP",
-                       model_args=", fail_rank=1, fail_step=2")
-    proc = run([sys.executable, HAT_TRAIN, str(cfg), "--work-dir", str(tmp_path / "work"), "--nproc", "2",
-                "--dist-timeout", "30"], cwd=tmp_path, timeout=120)
+    proc = _two_processes_with_model(tmp_path, "dist_helpers.FailingMLP", ", fail_rank=1, fail_step=2", dist_timeout=30)
     assert proc.returncode != 0
     assert "injected failure on rank 1 at step 2" in proc.stderr
     assert "hat-train (rank 1): error" in proc.stderr
@@ -187,10 +192,7 @@ def test_a_failing_rank_ends_the_whole_job_with_its_error(tmp_path):
 def test_a_nan_loss_on_one_rank_stops_every_rank_at_that_step(tmp_path):
     # The NaN check's flag is all-reduced: rank 0, whose loss is finite, stops at the same step
     # with the same error instead of entering the backward's all-reduce that rank 1 never joins.
-    cfg = write_config(tmp_path / "cfg.py", tmp_path / "out", batch_size=16, model="dist_helpers.NanLossMLP",
-                       model_args=", nan_rank=1, nan_step=2")
-    proc = run([sys.executable, HAT_TRAIN, str(cfg), "--work-dir", str(tmp_path / "work"), "--nproc", "2",
-                "--dist-timeout", "60"], cwd=tmp_path, timeout=120)
+    proc = _two_processes_with_model(tmp_path, "dist_helpers.NanLossMLP", ", nan_rank=1, nan_step=2", dist_timeout=60)
     assert proc.returncode != 0
     where = ("training float_trainer failed at epoch_id=0, global_step_id=2: NonFiniteLossError: "
              "Non-finite loss at epoch_id=0, step_id=2, global_step_id=2, batch_idx=0")

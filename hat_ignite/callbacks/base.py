@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from ignite.engine import Engine
 from ignite.engine.events import RemovableEventHandle
@@ -62,9 +62,13 @@ class CallbackMixin:
         """The hook names this callback's class overrides, in firing order."""
         return [h for h in HOOK_EVENTS if getattr(type(self), h) is not getattr(CallbackMixin, h)]
 
+    def hook_methods(self) -> dict[str, Callable[..., Any]]:
+        """The bound method to attach for each hook of :meth:`overridden_hooks`."""
+        return {h: getattr(self, h) for h in self.overridden_hooks()}
+
     def attach(self, engine: Engine) -> list[RemovableEventHandle]:
         """Register the overridden hooks on ``engine``; return handles to detach them."""
-        return attach_hooks(engine, self, {h: getattr(self, h) for h in self.overridden_hooks()})
+        return attach_hooks(engine, self, self.hook_methods())
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

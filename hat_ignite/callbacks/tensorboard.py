@@ -51,7 +51,6 @@ import ignite.distributed as idist
 import torch
 
 from hat_ignite.callbacks.base import CallbackMixin
-from hat_ignite.engine.dispatch import attach_hooks
 from hat_ignite.engine.processors.loss_collectors import flatten_outputs
 from hat_ignite.metrics.base import metric_name_values
 from hat_ignite.visualize.event_file import EVENT_FILE_GLOB
@@ -289,18 +288,16 @@ class TensorBoard(CallbackMixin):
     def on_epoch_begin(self, **kwargs: Any) -> None:
         self._epoch_sums, self._epoch_counts, self._last_outs = {}, {}, None
 
-    def attach(self, engine: Any) -> list:
-        """Register the hooks; without ``tb_update_funcs`` the batch-end hook takes no ``**kwargs``.
+    def hook_methods(self) -> dict[str, Callable[..., Any]]:
+        """The hooks to attach; without ``tb_update_funcs`` the batch-end hook takes no ``**kwargs``.
 
         The keywords a batch end passes on are only for the update functions, so without any the
         hook is attached as :meth:`_on_batch_end_losses_only`, for which no keyword dict is built.
         """
-        if self.tb_update_funcs:
-            return super().attach(engine)
-        methods = {h: getattr(self, h) for h in self.overridden_hooks()}
-        if "on_batch_end" in methods:
+        methods = super().hook_methods()
+        if not self.tb_update_funcs and "on_batch_end" in methods:
             methods["on_batch_end"] = self._on_batch_end_losses_only
-        return attach_hooks(engine, self, methods)
+        return methods
 
     def _on_batch_end_losses_only(self, model_outs: Any, epoch_id: int, global_step_id: int) -> None:
         self.on_batch_end(model_outs, epoch_id, global_step_id)
