@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import io
+import logging
 import weakref
 
 import pytest
@@ -124,6 +125,58 @@ def test_callbacks_and_ignite_handlers_run_in_registration_order():
     t.add_event_handler(HatEvents.STEP_END, lambda: order.append("ignite"))
     t.fit()
     assert order[:3] == ["B", "A", "ignite"]
+
+
+def test_step_hooks_wrap_the_ignite_iteration_handlers_whenever_they_were_added():
+    order = []
+    t = trainer(num_epochs=1)
+    t.add_event_handler(Events.ITERATION_STARTED, lambda e: order.append(("started", e.state.step_id)))
+    t.add_event_handler(Events.ITERATION_COMPLETED, lambda e: order.append(("completed", e.state.output[0].dim())))
+    # added after the Ignite handlers, still fired before them: HAT's step runs inside Ignite's iteration
+    t.add_event_handler(HatEvents.STEP_BEGIN, lambda e: order.append(("step_begin", e.state.step_id)))
+    t.add_event_handler(HatEvents.STEP_END, lambda e: order.append(("step_end", e.state.output[0].dim())))
+    t.fit()
+    assert order[:8] == [("step_begin", 0), ("started", 0), ("step_end", 0), ("completed", 0),
+                         ("step_begin", 1), ("started", 1), ("step_end", 0), ("completed", 0)]
+
+
+def test_ignite_events_call_handlers_exactly_as_a_bare_ignite_engine_does():
+    """The engine formats Ignite's per-event debug message only when it is logged; the calls stay Ignite's."""
+    from ignite.engine import Engine
+
+    def record(engine):
+        calls = []
+        engine.add_event_handler(Events.ITERATION_STARTED, lambda e: calls.append(("engine", e is engine)))
+        engine.add_event_handler(Events.ITERATION_STARTED, lambda: calls.append(("none",)))
+        engine.add_event_handler(Events.ITERATION_COMPLETED, lambda e, a, b=0: calls.append(("args", e is engine, a, b)), 1, b=2)
+        engine.add_event_handler(Events.ITERATION_COMPLETED, lambda a, b=0: calls.append(("no engine", a, b)), 3, b=4)
+        engine.add_event_handler(Events.ITERATION_COMPLETED(every=2), lambda e: calls.append(("every 2", e.state.iteration)))
+        return calls
+
+    t = trainer(num_epochs=1)
+    ours = record(t)
+    t.fit()
+    bare = Engine(lambda engine, batch: None)
+    theirs = record(bare)
+    bare.run(data(), max_epochs=1)
+    assert ours == theirs and len(ours) == 6 * 4 + 3
+    assert t.last_event_name == bare.last_event_name == Events.COMPLETED
+
+
+def test_ignite_debug_messages_are_still_logged_when_asked_for(caplog):
+    t = trainer(num_epochs=1)
+    with caplog.at_level(logging.DEBUG, logger=t.logger.name):
+        t.fit()
+    assert "1 | 1, Firing handlers for event Events.ITERATION_COMPLETED" in caplog.text
+
+
+def test_terminate_in_a_step_begin_handler_skips_that_step():
+    processed = []
+    t = trainer(num_epochs=1)
+    t.add_event_handler(HatEvents.BATCH_BEGIN, lambda e: processed.append(e.state.iteration))
+    t.add_event_handler(HatEvents.STEP_BEGIN(once=3), lambda e: e.terminate())
+    t.fit()
+    assert processed == [1, 2] and t.state.iteration == 3
 
 
 def test_an_error_in_a_callback_propagates_unchanged():

@@ -46,7 +46,8 @@ def test_simple_profiler_on_the_digits_config_adds_up_to_the_wall_time(tmp_path,
     assert rows["BATCH_END: MetricUpdater.on_batch_end"]["calls"] == steps
     assert rows["EPOCH_END: Validation.on_epoch_end"]["calls"] == 2
     assert rows["EPOCH_END: Checkpoint.on_epoch_end"]["calls"] == 2
-    assert rows["ITERATION_COMPLETED: on_iteration_completed"]["calls"] == steps
+    assert rows["ITERATION_STARTED: on_iteration_started"]["calls"] == steps  # STEP_BEGIN has a hook
+    assert not any(name.startswith("ITERATION_COMPLETED") for name in rows)  # STEP_END: in the process function
     totals = [r["total_s"] for r in prof.results]
     assert totals == sorted(totals, reverse=True)
     # exclusive times: the sections add up to the run's wall time, within 10 %

@@ -1,23 +1,29 @@
 """Bridge handlers: Ignite's own events drive HAT's events.
 
 Module-level functions (Ignite passes the engine through a weak reference), so registering them on
-an engine creates no reference cycle. :class:`~hat_ignite.engine.loop.LoopBase` registers them:
+an engine creates no reference cycle. :class:`~hat_ignite.engine.loop.LoopBase` registers them,
+each before any other handler of its Ignite event:
 
-======================  ==============================================================
-Ignite event            HAT events fired
-======================  ==============================================================
-``STARTED``             ``LOOP_BEGIN`` (after the model mode is set)
-``EPOCH_STARTED``       ``EPOCH_BEGIN`` (after ``sampler.set_epoch``)
-``ITERATION_STARTED``   ``STEP_BEGIN``
-``ITERATION_COMPLETED`` ``STEP_END`` (then a requested stop is honoured)
-``EPOCH_COMPLETED``     ``EPOCH_END`` (after the batch processor's ``finish_epoch``)
-``COMPLETED``           ``EPOCH_END`` of an epoch a step limit cut short, then ``LOOP_END``
-======================  ==============================================================
+=============================  =======================================================
+Ignite event                   HAT events fired
+=============================  =======================================================
+``STARTED``                    ``LOOP_BEGIN`` (after the model mode is set)
+``EPOCH_STARTED``              ``EPOCH_BEGIN`` (after ``sampler.set_epoch``)
+``ITERATION_STARTED``          ``STEP_BEGIN`` (registered once ``STEP_BEGIN`` has a handler)
+the process function           the batch processor, then ``STEP_END`` (then a requested
+(:func:`run_step`)             stop is honoured), all before ``ITERATION_COMPLETED``
+``EPOCH_COMPLETED``            ``EPOCH_END`` (after the batch processor's ``finish_epoch``)
+``COMPLETED``                  ``EPOCH_END`` of an epoch a step limit cut short, then ``LOOP_END``
+=============================  =======================================================
+
+A step costs no Ignite handler call of the engine's own unless ``STEP_BEGIN`` is listened to:
+``STEP_END`` is fired by the process function, which Ignite calls right before the
+``ITERATION_COMPLETED`` handlers, so it keeps its place before them.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 import torch
 
@@ -80,17 +86,23 @@ def on_epoch_started(engine: LoopBase) -> None:
 
 
 def on_iteration_started(engine: LoopBase) -> None:
-    state = engine.state
-    state.step_id = state.iteration - 1 - state.epoch_first_step
-    if engine.hat_handlers[_STEP_BEGIN]:  # the per-step bridges skip even the call when nobody listens
+    if engine.hat_handlers[_STEP_BEGIN]:
         fire_hat_event(engine, HatEvents.STEP_BEGIN)
 
 
-def on_iteration_completed(engine: LoopBase) -> None:
+def run_step(engine: LoopBase, batch: Any) -> Any:
+    """The engine's process function: the step processor, then ``STEP_END`` and the stop check.
+
+    Ignite stores the returned model outputs as ``engine.state.output``; they are stored there
+    before ``STEP_END`` too, for its hooks' ``model_outs``.
+    """
+    output = engine.step_processor(engine, batch)
     if engine.hat_handlers[_STEP_END]:
+        engine.state.output = output
         fire_hat_event(engine, HatEvents.STEP_END)
     if engine.stop_requested is not None or engine._stop_vote is not None:  # several processes vote each step
         engine._stop_if_requested()
+    return output
 
 
 def empty_loader_error(engine: LoopBase) -> DataError:

@@ -109,7 +109,7 @@ class Calibrator(LoopBase):
             model=model,
             data_loader=data_loader,
             optimizer=None,
-            batch_processor=_ObservingStep(processor),
+            batch_processor=processor,
             device=device,
             model_convert_pipeline=model_convert_pipeline,
             stop_by="step",
@@ -119,7 +119,7 @@ class Calibrator(LoopBase):
             profiler=profiler,
             log_interval=log_interval,
         )
-        self.batch_processor = processor
+        self.step_processor = _ObservingStep(processor)
         from hat_ignite.quantization.prepared import prepared_modules
 
         if not prepared_modules(self.model):

@@ -8,6 +8,7 @@ functions below. There is no second loop: ``fit()`` prepares the state and calls
 from __future__ import annotations
 
 import logging
+import weakref
 from typing import Any, Callable, Iterable, Sequence
 
 import torch
@@ -20,9 +21,9 @@ from hat_ignite.engine.bridge import (
     log_progress,
     on_completed,
     on_epoch_started,
-    on_iteration_completed,
     on_iteration_started,
     on_started,
+    run_step,
 )
 from hat_ignite.engine.events import EVENT_COUNTERS, HatEvents
 from hat_ignite.engine.dispatch import fire_hat_event
@@ -32,6 +33,8 @@ from hat_ignite.engine.state import HatState, kwargs_builder
 __all__ = ["LoopBase", "build_if_config", "resolve_device"]
 
 logger = logging.getLogger(__name__)
+
+_STEP_BEGIN = HatEvents.STEP_BEGIN.hat_index  # type: ignore[attr-defined]
 
 _STOP_BY = ("epoch", "step")
 
@@ -149,12 +152,13 @@ class LoopBase(ResumableLoopMixin, Engine):
                 f"batch_processor must be callable as processor(engine, batch), got "
                 f"{type(batch_processor).__name__}. Use a BasicBatchProcessor or MultiBatchProcessor."
             )
-        super().__init__(batch_processor)
+        super().__init__(run_step)  # the batch processor, wrapped in the HAT step (see bridge.py)
         self.state = HatState()
         self.register_events(*HatEvents, event_to_attr=EVENT_COUNTERS)
         #: The handler lists of the nine HAT events, by ``event.hat_index``: the very lists of
         #: Ignite's registry (kept in step by add/remove_event_handler), read without hashing.
         self.hat_handlers: list[list] = []
+        self._step_begin_bridged = False  # see add_event_handler
         self._refresh_hat_handlers()
         self.logger = logging.getLogger(f"hat_ignite.engine.{type(self).__name__}")
 
@@ -190,6 +194,9 @@ class LoopBase(ResumableLoopMixin, Engine):
             optimizer = build_optimizer(optimizer, self.model, key_path="optimizer")
         self.optimizer = optimizer
         self.batch_processor = batch_processor
+        #: What the process function (:func:`~hat_ignite.engine.bridge.run_step`) calls each step:
+        #: the batch processor, or a wrapper of it (the Calibrator's turns the observers on).
+        self.step_processor: Callable = batch_processor
         self.model_convert_pipeline = pipeline
         self.resume_optimizer = resume_optimizer
         self.resume_epoch_or_step = resume_epoch_or_step
@@ -219,8 +226,6 @@ class LoopBase(ResumableLoopMixin, Engine):
         for event, bridge in (
             (Events.STARTED, on_started),
             (Events.EPOCH_STARTED, on_epoch_started),
-            (Events.ITERATION_STARTED, on_iteration_started),
-            (Events.ITERATION_COMPLETED, on_iteration_completed),
             (Events.EPOCH_COMPLETED, close_epoch),
             (Events.COMPLETED, on_completed),
         ):
@@ -233,6 +238,17 @@ class LoopBase(ResumableLoopMixin, Engine):
         self.attach_callbacks(callbacks or [])
         if callable(getattr(profiler, "attach", None)):
             profiler.attach(self)  # after the callbacks: it wraps every handler when the run starts
+
+    @property
+    def torch_device(self) -> torch.device:
+        """The :class:`torch.device` the model and the batches are on."""
+        return self._torch_device
+
+    @torch_device.setter
+    def torch_device(self, device: torch.device) -> None:
+        self._torch_device = device
+        #: Whether batches are moved to the device (a flag the per-step path reads, not the device).
+        self.moves_batches = device.type != "cpu"
 
     # -- callbacks -------------------------------------------------------------------------
     def attach_callbacks(self, callbacks: Sequence[Any], key: str = "callbacks") -> list[Any]:
@@ -270,10 +286,39 @@ class LoopBase(ResumableLoopMixin, Engine):
             return
         super().fire_event(event_name)
 
+    def _fire_event(self, event_name: Any, *event_args: Any, **event_kwargs: Any) -> None:
+        """Ignite's ``Engine._fire_event``, formatting its debug message only when it is logged.
+
+        Ignite formats that message (epoch, iteration and the event's name) on each of the four
+        events it fires per step, logged or not; the handlers are called exactly as Ignite calls
+        them.
+        """
+        if self.logger.isEnabledFor(logging.DEBUG):
+            self.logger.debug(f"{self.state.epoch} | {self.state.iteration}, Firing handlers for event {event_name}")
+        self.last_event_name = event_name
+        for func, args, kwargs in self._event_handlers[event_name]:
+            kwargs.update(event_kwargs)
+            if args and isinstance(args[0], weakref.ref):
+                engine = args[0]()
+                if engine is None:
+                    raise RuntimeError("Engine reference not resolved. Cannot execute event handler.")
+                func(engine, *event_args, *args[1:], **kwargs)
+            else:  # metrics do not take the engine
+                func(*event_args, *args, **kwargs)
+
     def add_event_handler(self, event_name: Any, handler: Callable, *args: Any, **kwargs: Any) -> Any:
-        """Ignite's ``add_event_handler``; keeps :attr:`hat_handlers` pointing at the live lists."""
+        """Ignite's ``add_event_handler``; keeps :attr:`hat_handlers` pointing at the live lists.
+
+        The first handler of ``STEP_BEGIN`` also registers the bridge that fires it, as the first
+        ``ITERATION_STARTED`` handler; until then a step pays no call for it.
+        """
         handle = super().add_event_handler(event_name, handler, *args, **kwargs)
         self._refresh_hat_handlers()
+        if self.hat_handlers and self.hat_handlers[_STEP_BEGIN] and not self._step_begin_bridged:
+            self._step_begin_bridged = True
+            super().add_event_handler(Events.ITERATION_STARTED, on_iteration_started)
+            started = self._event_handlers[Events.ITERATION_STARTED]
+            started.insert(0, started.pop())  # before any user handler, like the other bridges
         return handle
 
     def remove_event_handler(self, handler: Callable, event_name: Any) -> None:

@@ -76,7 +76,6 @@ class HatState(State):
     """
 
     def __init__(self, **kwargs: Any) -> None:
-        self.step_id = 0
         self.epoch_first_step = 0
         self.hat_batch_count = 0
         self.batch_idx = 0
@@ -86,6 +85,15 @@ class HatState(State):
         self.epoch_open = False
         self.storage: dict[str, Any] = {}
         super().__init__(**kwargs)
+
+    @property
+    def step_id(self) -> int:
+        """0-based id of the running step inside its epoch (of the last one, between steps).
+
+        Derived from ``iteration`` and ``epoch_first_step``, so it is right from the moment Ignite
+        counts a step, for every handler; 0 before an epoch's first step.
+        """
+        return max(self.iteration - 1 - self.epoch_first_step, 0)
 
 
 #: Where each keyword's value comes from, as an expression over ``loop`` and ``state``

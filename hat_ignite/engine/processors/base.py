@@ -181,7 +181,7 @@ class BatchProcessorMixin(ABC):
         phases = engine.phase_profiler  # None unless a profiler is attached
         if phases is not None:
             phases.begin("forward")
-        if self.transforms is not None or self.enable_channels_last or engine.torch_device.type != "cpu":
+        if self.transforms is not None or self.enable_channels_last or engine.moves_batches:
             batch = self._prepare_batch(engine, batch)
             state.sub_batch = batch
         model = engine.model
@@ -217,7 +217,7 @@ class BatchProcessorMixin(ABC):
 
     def _prepare_batch(self, engine: LoopBase, batch: Any) -> Any:
         """Device move, batch transforms and channels_last, in that order."""
-        if engine.torch_device.type != "cpu":
+        if engine.moves_batches:
             batch = move_to_device(batch, engine.torch_device)
         if self.transforms is not None:
             batch = self.transforms(batch)

@@ -46,15 +46,19 @@ def collect_loss_by_index(indexes: int | Sequence[int]) -> Callable[[Any], list]
                 f"collect_loss_by_index({indexes!r}) needs model outputs that are a list or tuple, "
                 f"got {type(model_outs).__name__}. Use collect_loss_by_regex for dict outputs."
             )
+        n = len(model_outs)
         losses: list = []
         for i in index_list:
-            if not -len(model_outs) <= i < len(model_outs):
+            if not -n <= i < n:
                 raise IndexError(
                     f"collect_loss_by_index({indexes!r}): index {i} is out of range for model "
-                    f"outputs of length {len(model_outs)}."
+                    f"outputs of length {n}."
                 )
             item = model_outs[i]
-            if isinstance(item, (list, tuple)):
+            kind = item.__class__  # exact classes first: a Mapping check costs an ABC lookup per step
+            if kind is dict:
+                losses.extend(item.values())
+            elif kind is list or kind is tuple or isinstance(item, (list, tuple)):
                 losses.extend(item)
             elif isinstance(item, Mapping):
                 losses.extend(item.values())
