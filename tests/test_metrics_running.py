@@ -50,6 +50,23 @@ def test_loss_show_equals_mean_metric_bit_for_bit():
             assert keyed.get() == (["cls", "reg"], [float(m.compute()) for m in per_key.values()])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_cpu_loss_summed_on_the_host_equals_a_sum_tensor_of_the_default_dtype(dtype):
+    gen = torch.Generator().manual_seed(1)
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        mean = RunningMean()
+        reference = torch.zeros((), dtype=torch.get_default_dtype())
+        for _ in range(50):
+            obs = torch.rand((), generator=gen, dtype=torch.float32) * 1000
+            mean.update(obs)
+            reference.add_(obs)
+        assert float(mean.compute()) == float(reference / torch.tensor(50.0, dtype=reference.dtype))
+    finally:
+        torch.set_default_dtype(old)
+
+
 def test_loss_show_keeps_nan_and_needs_no_grad():
     show = LossShow()
     weight = torch.tensor(2.0, requires_grad=True)
@@ -179,7 +196,7 @@ def test_running_sums_fold_and_count():
     assert mean.compute() is None
     mean.update(torch.tensor(1.0))
     mean.update(torch.tensor(2.0))
-    assert float(mean.compute()) == 1.5 and mean.total.dtype == torch.float32
+    assert float(mean.compute()) == 1.5 and mean.compute().dtype == torch.float32 and mean.total is None
     mean.reset()
     assert mean.compute() is None and mean.count == 0
 

@@ -16,19 +16,20 @@ __all__ = ["LossShow"]
 def _observation(loss: Any, key: str | None) -> torch.Tensor | None:
     """One number per update: a tensor's mean, or the sum of a list's tensors' means.
 
-    Returns a detached 0-d float32 tensor (or ``None`` for ``None`` or an empty list). A 0-d
-    float32 tensor is used as it is: its mean would be itself.
+    Returns a 0-d float32 tensor (or ``None`` for ``None`` or an empty list). A 0-d float32
+    tensor is used as it is, graph and all: its mean would be itself, and the running mean only
+    reads its value (see :class:`~hat_ignite.metrics.running.RunningMean`).
     """
     if loss is None:
         return None
     if isinstance(loss, torch.Tensor):
         if loss.dtype is torch.float32 and not loss.dim():
-            return loss.detach()
+            return loss
         return loss.detach().float().mean()
     if isinstance(loss, (int, float)) and not isinstance(loss, bool):
         return torch.tensor(float(loss))
     if isinstance(loss, (list, tuple)):
-        parts = [p for p in (_observation(v, key) for v in loss) if p is not None]
+        parts = [p.detach() for p in (_observation(v, key) for v in loss) if p is not None]
         if not parts:
             return None
         total = parts[0]
@@ -49,8 +50,9 @@ class LossShow(EvalMetric):
     with the sum of their means (the total loss). A dict of losses is tracked per key, each key
     reported under its own name. Non-finite observations are kept, so a NaN loss shows as NaN.
 
-    An update adds each observation to a running sum on the loss's device (a tensor op or two,
-    no host-device sync); :meth:`get` divides by the count, with torchmetrics ``MeanMetric``'s
+    An update adds each observation to a running sum: on the host for a loss on the CPU (no
+    tensor op), on the loss's device otherwise (a tensor op or two, no host-device sync);
+    :meth:`get` divides by the count, with torchmetrics ``MeanMetric``'s
     arithmetic (see :mod:`hat_ignite.metrics.running`). Under ``torch.distributed`` it is the
     mean over every rank's observations; with a dict of losses every rank must have seen the
     same keys.
@@ -79,8 +81,8 @@ class LossShow(EvalMetric):
     def update(self, loss: Any) -> None:
         """Add one observation of ``loss`` (a tensor, a list of tensors, or a dict of them).
 
-        Costs a couple of tensor ops per loss and no host-device sync; the mean is divided out
-        when :meth:`get` asks for it.
+        Costs no tensor op for a 0-d float32 loss on the CPU, a couple of tensor ops per loss
+        otherwise, and no host-device sync; the mean is divided out when :meth:`get` asks for it.
         """
         keyed = loss.__class__ is dict or isinstance(loss, Mapping)
         if keyed is not self._keyed and self._keyed is not None:

@@ -1,9 +1,9 @@
-"""Running sums for the per-step metrics: a few in-place tensor ops per update, no host sync.
+"""Running sums for the per-step metrics: few or no tensor ops per update, no host-device sync.
 
 :class:`~hat_ignite.metrics.LossShow` and top-1 :class:`~hat_ignite.metrics.Accuracy` need only
 sufficient statistics: a sum and a count of observations, or the number of hits and of counted
-samples. They are kept here in small tensors on the inputs' device and turned into a value only
-when one is asked for (``compute()``), with the arithmetic torchmetrics uses for the same metrics,
+samples. They are kept here in small tensors on the inputs' device (a CPU loss's sum on the
+host) and turned into a value only when one is asked for (``compute()``), with the arithmetic torchmetrics uses for the same metrics,
 so the values are the same:
 
 * :class:`RunningMean` is ``MeanMetric``: the observations are added one by one to a sum in the
@@ -31,6 +31,9 @@ no update since the last reset.
 """
 
 from __future__ import annotations
+
+import struct
+from typing import Callable
 
 import torch
 
@@ -69,45 +72,82 @@ def _count_masks(masks: list[torch.Tensor]) -> torch.Tensor:
 
 
 class RunningMean:
-    """The mean of scalar observations: a running sum tensor and a count.
+    """The mean of scalar observations: a running sum and a count.
 
-    ``update`` adds the observation to the sum in place (one tensor op; the sum moves to the
-    observation's device when that changes) and counts it on the host.
+    ``update`` adds the observation to the sum and counts it on the host. An observation on the
+    CPU is read as a number and added on the host, rounded to the sum's dtype after each add
+    (float32 by default), which gives the very sum a float32 tensor would hold: a float32 add
+    computed in float64 and rounded once is correctly rounded. That costs no tensor op at all.
+    From the first observation on an accelerator on, the sum is a tensor on that device and
+    each update one in-place add there (no host-device sync).
     """
 
-    __slots__ = ("total", "count")
+    __slots__ = ("total", "count", "host_total", "_round")
 
     def __init__(self) -> None:
+        #: The running sum as a tensor once an observation came from an accelerator, else ``None``.
         self.total: torch.Tensor | None = None
+        #: The running sum of the observations read on the host (while ``total`` is ``None``).
+        self.host_total = 0.0
         self.count = 0
+        self._round: Callable[[float], float] | None = None
 
     def update(self, obs: torch.Tensor) -> None:
-        """Add one observation, a 0-d floating-point tensor that does not require grad."""
+        """Add one observation, a 0-d floating-point tensor (only its value is read, never its graph)."""
         total = self.total
+        if total is None and obs.is_cpu:
+            rounding = self._round
+            if rounding is None:
+                rounding = self._round = _rounding(torch.get_default_dtype())
+            self.host_total = rounding(self.host_total + obs.item())
+            self.count += 1
+            return
         if total is None:
-            total = self.total = torch.zeros((), dtype=torch.get_default_dtype(), device=obs.device)
+            total = self.total = torch.tensor(self.host_total, dtype=torch.get_default_dtype(), device=obs.device)
         elif total.device != obs.device:
             total = self.total = total.to(obs.device)
-        total.add_(obs)
+        total.add_(obs.detach())
         self.count += 1
+
+    def _sum(self, device: torch.device | None = None) -> torch.Tensor:
+        if self.total is not None:
+            return self.total
+        return torch.tensor(self.host_total, dtype=torch.get_default_dtype(), device=device)
 
     def compute(self) -> torch.Tensor | None:
         """The mean as a 0-d tensor, over every rank; ``None`` when nothing was added anywhere."""
-        total = self.total
         if _world_size() > 1:
-            if total is None:
-                total = torch.zeros((), dtype=torch.get_default_dtype(), device=_device_for_empty())
+            total = self._sum(None if self.total is not None else _device_for_empty())
             count = torch.tensor(float(self.count), dtype=total.dtype, device=total.device)
             total, count = _sum_over_ranks(torch.stack([total, count]))
             return None if not count else total / count
-        if total is None or not self.count:
+        if not self.count:
             return None
+        total = self._sum()
         return total / torch.tensor(float(self.count), dtype=total.dtype, device=total.device)
 
     def reset(self) -> None:
         """Forget everything added so far."""
         self.total = None
+        self.host_total = 0.0
         self.count = 0
+
+
+_FLOAT32 = struct.Struct("f")
+
+
+def _to_float32(value: float) -> float:
+    return _FLOAT32.unpack(_FLOAT32.pack(value))[0]
+
+
+def _rounding(dtype: torch.dtype) -> Callable[[float], float]:
+    """How a host sum is rounded after each add to stay equal to a sum tensor of ``dtype``."""
+    if dtype == torch.float32:
+        return _to_float32
+    if dtype == torch.float64:
+        return float
+    # float16/bfloat16 sums: round through a tensor (a default dtype hardly anyone sets)
+    return lambda value: torch.tensor(value, dtype=dtype).item()
 
 
 class RunningCounts:
