@@ -27,7 +27,8 @@ record holds exactly what their ``get()`` returned at the end of each validation
 
 Cost: a loss, lr or metric is turned into a Python number (``.item()``, a device sync on a GPU)
 only on steps that are written; on other steps the callback does one modulo and, to notice new
-validation and StatsMonitor records, two dict lookups.
+validation and StatsMonitor records, two dict lookups. The scalars of a step go to the event file
+as one event (see :mod:`hat_ignite.callbacks.tensorboard_scalars`), not one event per scalar.
 
 Processes: only rank 0 writes. Metric ``get()`` may be a collective under ``torch.distributed``,
 so every rank computes the metric values at the same points and rank 0 writes them.
@@ -51,6 +52,7 @@ import ignite.distributed as idist
 import torch
 
 from hat_ignite.callbacks.base import CallbackMixin
+from hat_ignite.callbacks.tensorboard_scalars import StepScalars
 from hat_ignite.engine.processors.loss_collectors import flatten_outputs
 from hat_ignite.metrics.base import metric_name_values
 from hat_ignite.visualize.event_file import EVENT_FILE_GLOB
@@ -202,6 +204,7 @@ class TensorBoard(CallbackMixin):
         self._epoch_sums: dict[str, torch.Tensor] = {}
         self._epoch_counts: dict[str, int] = {}
         self._last_outs: Any = None
+        self._scalars: StepScalars | None = None  # the running loop's scalars, written once per step
 
     # -- writing ---------------------------------------------------------------------------
     def _open(self) -> None:
@@ -216,16 +219,24 @@ class TensorBoard(CallbackMixin):
         # second would write the same file. The suffix keeps them apart (and in start order).
         kwargs.setdefault("filename_suffix", f".{time.time_ns()}")
         self.writer = SummaryWriter(logdir=self.save_dir, **kwargs)
+        self._scalars = StepScalars(self.writer)
 
     def _close(self) -> None:
         if self.writer is not None:
+            self._flush()
             self.writer.close()
             self.writer = None
+            self._scalars = None
+
+    def _flush(self) -> None:
+        """Write the scalars collected since the last flush, one event per step."""
+        if self._scalars is not None:
+            self._scalars.flush()
 
     def _scalar(self, tag: str, value: Any, step: int) -> None:
         number = _number(value)
-        if number is not None and self.writer is not None:
-            self.writer.add_scalar(tag, number, step)
+        if number is not None and self._scalars is not None:
+            self._scalars.add(tag, number, step)
 
     def _write_point(self, optimizer: Any, train_metrics: Any, step: int) -> None:
         """lr of each param group and the train metrics (metrics on every rank, see module doc)."""
@@ -331,6 +342,7 @@ class TensorBoard(CallbackMixin):
             self._write_point(optimizer, train_metrics, global_step_id)
         if self.writer is not None and (_VALIDATION_KEY in storage or _STATS_KEY in storage):
             self._write_records(storage)
+        self._flush()
 
     def on_epoch_end(
         self, epoch_id: int, global_step_id: int, storage: dict[str, Any], optimizer: Any = None,
@@ -349,6 +361,7 @@ class TensorBoard(CallbackMixin):
             self._epoch_sums, self._epoch_counts, self._last_outs = {}, {}, None
         self._write_records(storage)
         if self.writer is not None:
+            self._flush()
             self.writer.flush()
 
     def on_loop_end(self, storage: dict[str, Any], **kwargs: Any) -> None:
