@@ -94,6 +94,8 @@ def test_top1_accuracy_equals_multiclass_accuracy_bit_for_bit(ignore_index, shap
                 labels[:] = ignore_index  # a batch with nothing counted
         scores = torch.randn(n, num_classes, *shape, generator=gen)
         scores[:, 2] = scores[:, 3]  # ties: the first of equal scores wins, as in torchmetrics
+        if step % 10 == 3:
+            scores[0, 4] = float("nan")  # a NaN score counts as the maximum, as in torchmetrics
         acc.update(labels, scores)
         top1.update(labels, scores)
         reference.update(scores, labels)

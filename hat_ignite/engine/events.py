@@ -6,15 +6,15 @@ The HAT loop, and the Ignite event each HAT event is fired from::
     for epoch_id in epochs:
         on_epoch_begin                 <- Events.EPOCH_STARTED (after sampler.set_epoch)
         for step_id, batch in loader:
-            on_step_begin              <- Events.ITERATION_STARTED
-            # the batch processor is Ignite's process function:
+            on_step_begin              <- Events.ITERATION_STARTED (first of its handlers)
+            # Ignite's process function runs the batch processor:
             for batch_idx, b in batches_of_this_step:    # 1 for Basic, n for Multi
                 on_batch_begin         <- fired by the processor
                 forward, collect losses, (scaled) backward
                 on_backward_end        <- fired by the processor (training only)
                 on_batch_end           <- fired by the processor
             grad accumulation / optimizer step (inside the processor)
-            on_step_end                <- Events.ITERATION_COMPLETED
+            on_step_end                <- the process function's end (before ITERATION_COMPLETED)
         on_epoch_end                   <- Events.EPOCH_COMPLETED, or at the end of the run when
                                           stopping by step closes an epoch partway through
     on_loop_end                        <- Events.COMPLETED

@@ -1,14 +1,15 @@
 """`LoopBase`: a HAT loop that *is* an Ignite :class:`~ignite.engine.Engine`.
 
-The batch processor is the engine's process function; HAT's nine hooks are Ignite custom events
-(:class:`~hat_ignite.engine.events.HatEvents`) fired from Ignite's own events by the small bridge
-functions below. There is no second loop: ``fit()`` prepares the state and calls ``run()``.
+The batch processor runs in the engine's process function; HAT's nine hooks are Ignite custom
+events (:class:`~hat_ignite.engine.events.HatEvents`, registered and fired by
+:class:`~hat_ignite.engine.event_registry.HatEventsMixin`) fired from Ignite's own events by the
+small bridge functions of :mod:`hat_ignite.engine.bridge`. There is no second loop: ``fit()``
+prepares the state and calls ``run()``.
 """
 
 from __future__ import annotations
 
 import logging
-import weakref
 from typing import Any, Callable, Iterable, Sequence
 
 import torch
@@ -21,20 +22,17 @@ from hat_ignite.engine.bridge import (
     log_progress,
     on_completed,
     on_epoch_started,
-    on_iteration_started,
     on_started,
     run_step,
 )
-from hat_ignite.engine.events import EVENT_COUNTERS, HatEvents
-from hat_ignite.engine.dispatch import fire_hat_event
+from hat_ignite.engine.event_registry import HatEventsMixin
+from hat_ignite.engine.events import HatEvents
 from hat_ignite.engine.resumable import ResumableLoopMixin
-from hat_ignite.engine.state import HatState, kwargs_builder
+from hat_ignite.engine.state import HatState
 
 __all__ = ["LoopBase", "build_if_config", "resolve_device"]
 
 logger = logging.getLogger(__name__)
-
-_STEP_BEGIN = HatEvents.STEP_BEGIN.hat_index  # type: ignore[attr-defined]
 
 _STOP_BY = ("epoch", "step")
 
@@ -83,7 +81,7 @@ def resolve_device(device: int | str | torch.device | None) -> torch.device:
     return torch.device(device)
 
 
-class LoopBase(ResumableLoopMixin, Engine):
+class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
     """The data flow from ``data_loader`` through the batch processor, with HAT's callbacks.
 
     A ``LoopBase`` is an Ignite ``Engine``: attach any Ignite handler with ``on()`` /
@@ -154,12 +152,7 @@ class LoopBase(ResumableLoopMixin, Engine):
             )
         super().__init__(run_step)  # the batch processor, wrapped in the HAT step (see bridge.py)
         self.state = HatState()
-        self.register_events(*HatEvents, event_to_attr=EVENT_COUNTERS)
-        #: The handler lists of the nine HAT events, by ``event.hat_index``: the very lists of
-        #: Ignite's registry (kept in step by add/remove_event_handler), read without hashing.
-        self.hat_handlers: list[list] = []
-        self._step_begin_bridged = False  # see add_event_handler
-        self._refresh_hat_handlers()
+        self._init_hat_events()
         self.logger = logging.getLogger(f"hat_ignite.engine.{type(self).__name__}")
 
         stop_by = (stop_by or "epoch").lower()
@@ -272,93 +265,6 @@ class LoopBase(ResumableLoopMixin, Engine):
 
     def set_model_mode(self) -> None:
         """Put the model in the mode the loop needs; called right before ``on_loop_begin``."""
-
-    # -- events ----------------------------------------------------------------------------
-    def fire_event(self, event_name: Any) -> None:
-        """Fire an event; HAT events with no handler cost one dict lookup.
-
-        HAT events go through :func:`~hat_ignite.engine.dispatch.fire_hat_event`; their
-        ``**kwargs`` hooks share one keyword dict per firing, built on first use (see
-        :meth:`hook_kwargs`).
-        """
-        if event_name.__class__ is HatEvents:
-            fire_hat_event(self, event_name)
-            return
-        super().fire_event(event_name)
-
-    def _fire_event(self, event_name: Any, *event_args: Any, **event_kwargs: Any) -> None:
-        """Ignite's ``Engine._fire_event``, formatting its debug message only when it is logged.
-
-        Ignite formats that message (epoch, iteration and the event's name) on each of the four
-        events it fires per step, logged or not; the handlers are called exactly as Ignite calls
-        them.
-        """
-        if self.logger.isEnabledFor(logging.DEBUG):
-            self.logger.debug(f"{self.state.epoch} | {self.state.iteration}, Firing handlers for event {event_name}")
-        self.last_event_name = event_name
-        for func, args, kwargs in self._event_handlers[event_name]:
-            kwargs.update(event_kwargs)
-            if args and isinstance(args[0], weakref.ref):
-                engine = args[0]()
-                if engine is None:
-                    raise RuntimeError("Engine reference not resolved. Cannot execute event handler.")
-                func(engine, *event_args, *args[1:], **kwargs)
-            else:  # metrics do not take the engine
-                func(*event_args, *args, **kwargs)
-
-    def add_event_handler(self, event_name: Any, handler: Callable, *args: Any, **kwargs: Any) -> Any:
-        """Ignite's ``add_event_handler``; keeps :attr:`hat_handlers` pointing at the live lists.
-
-        The first handler of ``STEP_BEGIN`` also registers the bridge that fires it, as the first
-        ``ITERATION_STARTED`` handler; until then a step pays no call for it.
-        """
-        handle = super().add_event_handler(event_name, handler, *args, **kwargs)
-        self._refresh_hat_handlers()
-        if self.hat_handlers and self.hat_handlers[_STEP_BEGIN] and not self._step_begin_bridged:
-            self._step_begin_bridged = True
-            super().add_event_handler(Events.ITERATION_STARTED, on_iteration_started)
-            started = self._event_handlers[Events.ITERATION_STARTED]
-            started.insert(0, started.pop())  # before any user handler, like the other bridges
-        return handle
-
-    def remove_event_handler(self, handler: Callable, event_name: Any) -> None:
-        """Ignite's ``remove_event_handler`` (which replaces the event's list); refreshes :attr:`hat_handlers`."""
-        super().remove_event_handler(handler, event_name)
-        self._refresh_hat_handlers()
-
-    def _refresh_hat_handlers(self) -> None:
-        if "hat_handlers" in self.__dict__:  # Engine.__init__ may add handlers before ours exist
-            registry = self._event_handlers
-            self.hat_handlers[:] = [registry[event] for event in HatEvents]
-
-    def event_handlers(self, event: Any) -> list[str]:
-        """Names of the handlers registered on ``event``, in the order they fire.
-
-        A HAT callback's hook shows as ``Class.on_hook``, another handler by its qualified name.
-
-        Example:
-            >>> import torch
-            >>> from hat_ignite.engine import BasicBatchProcessor, HatEvents, Predictor
-            >>> from hat_ignite.callbacks import CallbackMixin
-            >>> class Ping(CallbackMixin):
-            ...     def on_step_end(self, **kwargs): pass
-            >>> predictor = Predictor(model=torch.nn.Linear(2, 1), data_loader=[torch.zeros(1, 2)],
-            ...     batch_processor=BasicBatchProcessor(need_grad_update=False), callbacks=[Ping()])
-            >>> predictor.event_handlers(HatEvents.STEP_END)
-            ['Ping.on_step_end']
-        """
-        names = []
-        for handler, _, _ in self._event_handlers.get(event, []):
-            target = getattr(handler, "__wrapped__", handler)
-            names.append(getattr(target, "__qualname__", None) or type(target).__qualname__)
-        return names
-
-    def hook_kwargs(self, hook: str) -> dict[str, Any]:
-        """The keywords HAT passes to ``hook`` right now (built once per firing)."""
-        kwargs = self._kwargs_cache.get(hook)
-        if kwargs is None:
-            kwargs = self._kwargs_cache[hook] = kwargs_builder(hook)(self)
-        return kwargs
 
     # -- running ---------------------------------------------------------------------------
     def _nothing_to_run(self) -> bool:

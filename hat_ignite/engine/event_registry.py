@@ -1,0 +1,132 @@
+"""`HatEventsMixin`: the nine HAT events on an Ignite engine, and how every event is fired.
+
+:class:`~hat_ignite.engine.loop.LoopBase` takes its event handling from here: it registers
+:class:`~hat_ignite.engine.events.HatEvents` with Ignite, keeps ``hat_handlers`` (the registry's
+own handler lists of the nine events, by ``event.hat_index``) in step with Ignite's
+``add_event_handler`` / ``remove_event_handler``, fires HAT events through
+:func:`~hat_ignite.engine.dispatch.fire_hat_event` and Ignite's own events as Ignite does, minus
+Ignite's per-event debug formatting when nothing logs it.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from typing import Any, Callable
+
+from ignite.engine import Events
+
+from hat_ignite.engine.bridge import on_iteration_started
+from hat_ignite.engine.dispatch import fire_hat_event
+from hat_ignite.engine.events import EVENT_COUNTERS, HatEvents
+from hat_ignite.engine.state import kwargs_builder
+
+__all__ = ["HatEventsMixin"]
+
+_STEP_BEGIN = HatEvents.STEP_BEGIN.hat_index  # type: ignore[attr-defined]
+
+
+class HatEventsMixin:
+    """Event registry and firing of a hat-ignite engine (mixed into an Ignite ``Engine``)."""
+
+    _event_handlers: Any
+    logger: logging.Logger
+    state: Any
+    last_event_name: Any
+    _kwargs_cache: dict[str, dict[str, Any]]
+
+    def _init_hat_events(self) -> None:
+        """Register the HAT events and the handler-list view; called once, from ``__init__``."""
+        self.register_events(*HatEvents, event_to_attr=EVENT_COUNTERS)  # type: ignore[attr-defined]
+        #: The handler lists of the nine HAT events, by ``event.hat_index``: the very lists of
+        #: Ignite's registry (kept in step by add/remove_event_handler), read without hashing.
+        self.hat_handlers: list[list] = []
+        self._step_begin_bridged = False  # see add_event_handler
+        self._refresh_hat_handlers()
+
+    def fire_event(self, event_name: Any) -> None:
+        """Fire an event; HAT events with no handler cost one dict lookup.
+
+        HAT events go through :func:`~hat_ignite.engine.dispatch.fire_hat_event`; their
+        ``**kwargs`` hooks share one keyword dict per firing, built on first use (see
+        :meth:`hook_kwargs`).
+        """
+        if event_name.__class__ is HatEvents:
+            fire_hat_event(self, event_name)
+            return
+        super().fire_event(event_name)
+
+    def _fire_event(self, event_name: Any, *event_args: Any, **event_kwargs: Any) -> None:
+        """Ignite's ``Engine._fire_event``, formatting its debug message only when it is logged.
+
+        Ignite formats that message (epoch, iteration and the event's name) on each of the four
+        events it fires per step, logged or not; the handlers are called exactly as Ignite calls
+        them.
+        """
+        if self.logger.isEnabledFor(logging.DEBUG):
+            self.logger.debug(f"{self.state.epoch} | {self.state.iteration}, Firing handlers for event {event_name}")
+        self.last_event_name = event_name
+        for func, args, kwargs in self._event_handlers[event_name]:
+            kwargs.update(event_kwargs)
+            if args and isinstance(args[0], weakref.ref):
+                engine = args[0]()
+                if engine is None:
+                    raise RuntimeError("Engine reference not resolved. Cannot execute event handler.")
+                func(engine, *event_args, *args[1:], **kwargs)
+            else:  # metrics do not take the engine
+                func(*event_args, *args, **kwargs)
+
+    def add_event_handler(self, event_name: Any, handler: Callable, *args: Any, **kwargs: Any) -> Any:
+        """Ignite's ``add_event_handler``; keeps :attr:`hat_handlers` pointing at the live lists.
+
+        The first handler of ``STEP_BEGIN`` also registers the bridge that fires it, as the first
+        ``ITERATION_STARTED`` handler; until then a step pays no call for it.
+        """
+        handle = super().add_event_handler(event_name, handler, *args, **kwargs)
+        self._refresh_hat_handlers()
+        if self.hat_handlers and self.hat_handlers[_STEP_BEGIN] and not self._step_begin_bridged:
+            self._step_begin_bridged = True
+            super().add_event_handler(Events.ITERATION_STARTED, on_iteration_started)
+            started = self._event_handlers[Events.ITERATION_STARTED]
+            started.insert(0, started.pop())  # before any user handler, like the other bridges
+        return handle
+
+    def remove_event_handler(self, handler: Callable, event_name: Any) -> None:
+        """Ignite's ``remove_event_handler`` (which replaces the event's list); refreshes :attr:`hat_handlers`."""
+        super().remove_event_handler(handler, event_name)
+        self._refresh_hat_handlers()
+
+    def _refresh_hat_handlers(self) -> None:
+        """Re-read the handler lists kept for the per-step paths (Ignite replaces a list on removal)."""
+        if "hat_handlers" in self.__dict__:  # Engine.__init__ may add handlers before ours exist
+            registry = self._event_handlers
+            self.hat_handlers[:] = [registry[event] for event in HatEvents]
+
+    def event_handlers(self, event: Any) -> list[str]:
+        """Names of the handlers registered on ``event``, in the order they fire.
+
+        A HAT callback's hook shows as ``Class.on_hook``, another handler by its qualified name.
+
+        Example:
+            >>> import torch
+            >>> from hat_ignite.engine import BasicBatchProcessor, HatEvents, Predictor
+            >>> from hat_ignite.callbacks import CallbackMixin
+            >>> class Ping(CallbackMixin):
+            ...     def on_step_end(self, **kwargs): pass
+            >>> predictor = Predictor(model=torch.nn.Linear(2, 1), data_loader=[torch.zeros(1, 2)],
+            ...     batch_processor=BasicBatchProcessor(need_grad_update=False), callbacks=[Ping()])
+            >>> predictor.event_handlers(HatEvents.STEP_END)
+            ['Ping.on_step_end']
+        """
+        names = []
+        for handler, _, _ in self._event_handlers.get(event, []):
+            target = getattr(handler, "__wrapped__", handler)
+            names.append(getattr(target, "__qualname__", None) or type(target).__qualname__)
+        return names
+
+    def hook_kwargs(self, hook: str) -> dict[str, Any]:
+        """The keywords HAT passes to ``hook`` right now (built once per firing)."""
+        kwargs = self._kwargs_cache.get(hook)
+        if kwargs is None:
+            kwargs = self._kwargs_cache[hook] = kwargs_builder(hook)(self)
+        return kwargs
