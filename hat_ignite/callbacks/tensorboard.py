@@ -311,6 +311,8 @@ class TensorBoard(CallbackMixin):
         return methods
 
     def _on_batch_end_losses_only(self, model_outs: Any, epoch_id: int, global_step_id: int) -> None:
+        if self.update_by == "step" and (global_step_id + 1) % self.update_freq:
+            return  # not a step to write: decided here, without a second call
         self.on_batch_end(model_outs, epoch_id, global_step_id)
 
     def on_batch_end(self, model_outs: Any, epoch_id: int, global_step_id: int, **kwargs: Any) -> None:
@@ -342,7 +344,8 @@ class TensorBoard(CallbackMixin):
             self._write_point(optimizer, train_metrics, global_step_id)
         if self.writer is not None and (_VALIDATION_KEY in storage or _STATS_KEY in storage):
             self._write_records(storage)
-        self._flush()
+        if self._scalars is not None and self._scalars.pending:
+            self._scalars.flush()
 
     def on_epoch_end(
         self, epoch_id: int, global_step_id: int, storage: dict[str, Any], optimizer: Any = None,

@@ -41,6 +41,11 @@ class StepScalars:
         self._pending: dict[int, list[tuple[str, float]]] = {}
         self._tags: dict[str, str] = {}
 
+    @property
+    def pending(self) -> bool:
+        """Whether scalars wait for the next :meth:`flush`."""
+        return bool(self._pending)
+
     def add(self, tag: str, value: float, step: int) -> None:
         """Add a scalar of ``step``; it is written by the next :meth:`flush`."""
         pairs = self._pending.get(step)

@@ -20,7 +20,7 @@ from ignite.engine.events import RemovableEventHandle
 
 from hat_ignite.engine.events import HOOK_EVENTS
 from hat_ignite.engine.kwargs_use import keywords_read
-from hat_ignite.engine.state import accepted_kwargs, kwargs_builder
+from hat_ignite.engine.state import accepted_kwargs, keyword_caller, kwargs_builder
 from hat_ignite.errors import CallbackSignatureError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -91,27 +91,25 @@ class HookCall:
     Holds the bound method (never the engine: Ignite passes the engine at each call), so
     attaching a callback creates no reference cycle. A hook needing the full ``**kwargs`` gets
     the firing's shared keyword dict (built once per firing, by the first such hook); a hook
-    needing some keywords gets a dict of just those, from a builder made once, at attach time;
-    a hook needing none is called without arguments.
+    needing some keywords (or none) is called by a caller made once, at attach time, that writes
+    just those keywords out (:func:`~hat_ignite.engine.state.keyword_caller`).
     """
 
     def __init__(self, hook: str, method: Callable, only: frozenset[str] | None) -> None:
         self.hook = hook
         self.method = method
         self.only = only
-        self.bare = only is not None and not only
-        self.build = None if only is None else kwargs_builder(hook, tuple(sorted(only)))
+        #: ``caller(method, engine)``, or ``None`` for a hook that gets the full keyword dict.
+        self.call = None if only is None else keyword_caller(hook, tuple(sorted(only)))
         owner = getattr(method, "__self__", None)
         self.__name__ = hook
         self.__qualname__ = f"{type(owner).__name__}.{hook}" if owner is not None else hook
 
     def __call__(self, engine: LoopBase) -> None:
-        if self.build is None:
+        if self.call is None:
             self.method(**engine.hook_kwargs(self.hook))
-        elif self.bare:
-            self.method()
         else:
-            self.method(**self.build(engine))
+            self.call(self.method, engine)
 
     def __repr__(self) -> str:
         return f"<HookCall {self.__qualname__}>"
@@ -141,16 +139,15 @@ def fire_hat_event(engine: LoopBase, event: Any) -> None:
     try:
         for func, args, kwargs in handlers:
             if func.__class__ is HookCall:  # inlined HookCall.__call__
-                if func.bare:
-                    func.method()
-                elif func.build is None:
+                call = func.call
+                if call is not None:
+                    call(func.method, engine)
+                else:
                     if shared is None:
                         shared = cache.get(hook)
                         if shared is None:
                             shared = cache[hook] = _FULL_BUILDERS[hook](engine)
                     func.method(**shared)
-                else:
-                    func.method(**func.build(engine))
             elif args and args[0].__class__ is weakref.ref:
                 func(engine, *args[1:], **kwargs)
             else:

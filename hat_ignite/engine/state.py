@@ -25,7 +25,7 @@ from ignite.engine import State
 if TYPE_CHECKING:  # pragma: no cover
     from hat_ignite.engine.loop import LoopBase
 
-__all__ = ["HatState", "HOOK_KWARGS", "COMMON_KWARGS", "hook_kwargs", "kwargs_builder", "accepted_kwargs"]
+__all__ = ["HatState", "HOOK_KWARGS", "COMMON_KWARGS", "hook_kwargs", "kwargs_builder", "keyword_caller", "accepted_kwargs"]
 
 _IDS = ("epoch_id", "step_id", "global_step_id")
 
@@ -127,19 +127,11 @@ _SUB_BATCH_SOURCES = {**_IN_STEP_SOURCES, "batch": "state.sub_batch", "losses": 
                       "model_outs": "state.sub_model_outs"}
 
 
-@functools.lru_cache(maxsize=None)
-def kwargs_builder(hook: str, names: tuple[str, ...] | None = None) -> Callable[[LoopBase], dict[str, Any]]:
-    """A function ``loop -> dict`` that builds ``hook``'s keywords (or only ``names`` of them).
+def _sources(hook: str, names: tuple[str, ...] | None) -> tuple[tuple[str, ...], dict[str, str]]:
+    """``names`` checked against ``hook`` (all of its keywords for ``None``), and where each comes from.
 
-    The function is generated once per ``(hook, names)`` from :data:`HOOK_KWARGS` as a single
-    dict display, so a firing reads each value once and builds no keyword it does not pass.
-
-    Args:
-        hook: a HAT hook name such as ``"on_step_end"``.
-        names: the keywords to build, a subset of :func:`accepted_kwargs`; ``None`` for all.
-
-    >>> kwargs_builder("on_epoch_begin", ("epoch_id",)).__doc__
-    "{'epoch_id': max(state.epoch - 1, 0)}"
+    The sources are expressions over ``loop`` and ``state``; step-level and sub-batch hooks read
+    a few of them elsewhere (see :data:`_IN_STEP_SOURCES`, :data:`_SUB_BATCH_SOURCES`).
     """
     if hook not in HOOK_KWARGS:
         raise ValueError(f"{hook!r} is not a HAT hook; the hooks are {', '.join(HOOK_KWARGS)}.")
@@ -154,13 +146,55 @@ def kwargs_builder(hook: str, names: tuple[str, ...] | None = None) -> Callable[
         sources.update(_SUB_BATCH_SOURCES)
     elif hook in _STEP_HOOKS:
         sources.update(_IN_STEP_SOURCES)
-    display = "{" + ", ".join(f"{n!r}: {sources[n]}" for n in names) + "}"
+    return names, sources
+
+
+def _generate(name: str, params: str, body: str, doc: str) -> Callable[..., Any]:
     namespace: dict[str, Any] = {}
-    exec(f"def build(loop):\n    state = loop.state\n    return {display}\n", {}, namespace)  # noqa: S102
-    build = namespace["build"]
+    exec(f"def {name}({params}):\n    state = loop.state\n    return {body}\n", {}, namespace)  # noqa: S102
+    func = namespace[name]
+    func.__doc__ = doc
+    return func
+
+
+@functools.lru_cache(maxsize=None)
+def kwargs_builder(hook: str, names: tuple[str, ...] | None = None) -> Callable[[LoopBase], dict[str, Any]]:
+    """A function ``loop -> dict`` that builds ``hook``'s keywords (or only ``names`` of them).
+
+    The function is generated once per ``(hook, names)`` from :data:`HOOK_KWARGS` as a single
+    dict display, so a firing reads each value once and builds no keyword it does not pass.
+
+    Args:
+        hook: a HAT hook name such as ``"on_step_end"``.
+        names: the keywords to build, a subset of :func:`accepted_kwargs`; ``None`` for all.
+
+    >>> kwargs_builder("on_epoch_begin", ("epoch_id",)).__doc__
+    "{'epoch_id': max(state.epoch - 1, 0)}"
+    """
+    names, sources = _sources(hook, names)
+    display = "{" + ", ".join(f"{n!r}: {sources[n]}" for n in names) + "}"
+    build = _generate("build", "loop", display, display)
     build.__name__ = build.__qualname__ = f"build_{hook}_kwargs"
-    build.__doc__ = display
     return build
+
+
+@functools.lru_cache(maxsize=None)
+def keyword_caller(hook: str, names: tuple[str, ...]) -> Callable[[Callable[..., Any], LoopBase], Any]:
+    """A function ``(method, loop) -> method(name=value, ...)`` passing ``names`` of ``hook``'s keywords.
+
+    Generated once per ``(hook, names)`` like :func:`kwargs_builder`, but it calls the method with
+    the keywords written out, so a firing builds no dict for the call to unpack.
+
+    >>> keyword_caller("on_epoch_begin", ("epoch_id",)).__doc__
+    'method(epoch_id=max(state.epoch - 1, 0))'
+    >>> keyword_caller("on_step_end", ()).__doc__
+    'method()'
+    """
+    names, sources = _sources(hook, names)
+    call = "method(" + ", ".join(f"{n}={sources[n]}" for n in names) + ")"
+    caller = _generate("call", "method, loop", call, call)
+    caller.__name__ = caller.__qualname__ = f"call_{hook}"
+    return caller
 
 
 def hook_kwargs(hook: str, loop: LoopBase) -> dict[str, Any]:
