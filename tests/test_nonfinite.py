@@ -10,7 +10,7 @@ from torch import nn
 
 from hat_ignite.callbacks import CallbackMixin
 from hat_ignite.engine import BasicBatchProcessor, MultiBatchProcessor, Trainer, collect_loss_by_regex
-from hat_ignite.engine.processors.nonfinite import NonFiniteGuard, all_ranks_finite
+from hat_ignite.engine.processors.nonfinite import NonFiniteGuard, all_ranks_finite, grads_finite
 from hat_ignite.errors import NonFiniteLossError
 
 
@@ -129,3 +129,18 @@ def test_policy_is_checked_and_the_flag_reduction_is_local_in_one_process():
         processor(nonfinite_policy="ignore")
     assert all_ranks_finite(True) and not all_ranks_finite(False)
     assert NonFiniteGuard("skip").pending is None
+
+
+def test_the_gradient_check_sees_parameters_added_to_the_optimizer_during_training():
+    first, added = torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(3))
+    optimizer = torch.optim.SGD([first], lr=0.1)
+    guard = NonFiniteGuard()
+    first.grad = torch.ones(2)
+    assert [g.shape for g in guard._params.grads(optimizer)] == [(2,)]
+    optimizer.add_param_group({"params": [added]})
+    added.grad = torch.tensor([1.0, float("nan"), 0.0])
+    grads = guard._params.grads(optimizer)
+    assert [g.shape for g in grads] == [(2,), (3,)] and not grads_finite(grads)
+    optimizer.param_groups[1]["params"].append(torch.nn.Parameter(torch.zeros(1)))  # a group's list grown in place
+    guard._params.grads(optimizer)
+    assert len(guard._params.params) == 3
