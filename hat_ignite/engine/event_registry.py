@@ -45,7 +45,7 @@ class HatEventsMixin:
         self._refresh_hat_handlers()
 
     def fire_event(self, event_name: Any) -> None:
-        """Fire an event; HAT events with no handler cost one dict lookup.
+        """Fire an event; a HAT event with no handler costs one list index.
 
         HAT events go through :func:`~hat_ignite.engine.dispatch.fire_hat_event`; their
         ``**kwargs`` hooks share one keyword dict per firing, built on first use (see
@@ -84,7 +84,8 @@ class HatEventsMixin:
         """
         handle = super().add_event_handler(event_name, handler, *args, **kwargs)
         self._refresh_hat_handlers()
-        if self.hat_handlers and self.hat_handlers[_STEP_BEGIN] and not self._step_begin_bridged:
+        listening = self.__dict__.get("hat_handlers")  # absent while Engine.__init__ runs
+        if listening and listening[_STEP_BEGIN] and not self._step_begin_bridged:
             self._step_begin_bridged = True
             super().add_event_handler(Events.ITERATION_STARTED, on_iteration_started)
             started = self._event_handlers[Events.ITERATION_STARTED]
