@@ -149,11 +149,12 @@ def _sources(hook: str, names: tuple[str, ...] | None) -> tuple[tuple[str, ...],
     return names, sources
 
 
-def _generate(name: str, params: str, body: str, doc: str) -> Callable[..., Any]:
+def _generate(name: str, params: str, body: str) -> Callable[..., Any]:
+    """``def name(params): state = loop.state; return body``, with ``body`` as its docstring."""
     namespace: dict[str, Any] = {}
     exec(f"def {name}({params}):\n    state = loop.state\n    return {body}\n", {}, namespace)  # noqa: S102
     func = namespace[name]
-    func.__doc__ = doc
+    func.__doc__ = body
     return func
 
 
@@ -173,9 +174,7 @@ def kwargs_builder(hook: str, names: tuple[str, ...] | None = None) -> Callable[
     """
     names, sources = _sources(hook, names)
     display = "{" + ", ".join(f"{n!r}: {sources[n]}" for n in names) + "}"
-    build = _generate("build", "loop", display, display)
-    build.__name__ = build.__qualname__ = f"build_{hook}_kwargs"
-    return build
+    return _generate(f"build_{hook}_kwargs", "loop", display)
 
 
 @functools.lru_cache(maxsize=None)
@@ -192,9 +191,7 @@ def keyword_caller(hook: str, names: tuple[str, ...]) -> Callable[[Callable[...,
     """
     names, sources = _sources(hook, names)
     call = "method(" + ", ".join(f"{n}={sources[n]}" for n in names) + ")"
-    caller = _generate("call", "method, loop", call, call)
-    caller.__name__ = caller.__qualname__ = f"call_{hook}"
-    return caller
+    return _generate(f"call_{hook}", "method, loop", call)
 
 
 def hook_kwargs(hook: str, loop: LoopBase) -> dict[str, Any]:

@@ -3,7 +3,8 @@
 :class:`~hat_ignite.metrics.LossShow` and top-1 :class:`~hat_ignite.metrics.Accuracy` need only
 sufficient statistics: a sum and a count of observations, or the number of hits and of counted
 samples. They are kept here in small tensors on the inputs' device (a CPU loss's sum on the
-host) and turned into a value only when one is asked for (``compute()``), with the arithmetic torchmetrics uses for the same metrics,
+host) and turned into a value only when one is asked for (``compute()``), with the arithmetic
+torchmetrics uses for the same metrics,
 so the values are the same:
 
 * :class:`RunningMean` is ``MeanMetric``: the observations are added one by one to a sum in the
@@ -103,13 +104,14 @@ class RunningMean:
             self.count += 1
             return
         if total is None:
-            total = self.total = torch.tensor(self.host_total, dtype=torch.get_default_dtype(), device=obs.device)
+            total = self.total = self._sum(obs.device)  # the host sum so far, carried on to the device
         elif total.device != obs.device:
             total = self.total = total.to(obs.device)
         total.add_(obs.detach())
         self.count += 1
 
     def _sum(self, device: torch.device | None = None) -> torch.Tensor:
+        """The running sum as a 0-d tensor: ``total``, or the host sum made a tensor on ``device``."""
         if self.total is not None:
             return self.total
         return torch.tensor(self.host_total, dtype=torch.get_default_dtype(), device=device)
@@ -117,7 +119,7 @@ class RunningMean:
     def compute(self) -> torch.Tensor | None:
         """The mean as a 0-d tensor, over every rank; ``None`` when nothing was added anywhere."""
         if _world_size() > 1:
-            total = self._sum(None if self.total is not None else _device_for_empty())
+            total = self._sum(_device_for_empty())
             count = torch.tensor(float(self.count), dtype=total.dtype, device=total.device)
             total, count = _sum_over_ranks(torch.stack([total, count]))
             return None if not count else total / count
