@@ -67,6 +67,19 @@ def test_a_cpu_loss_summed_on_the_host_equals_a_sum_tensor_of_the_default_dtype(
         torch.set_default_dtype(old)
 
 
+def test_a_host_sum_past_float32_range_is_inf_like_a_float32_sum():
+    mean, reference = RunningMean(), torch.zeros(())
+    for value in (3e38, 3e38, -1.0):
+        mean.update(torch.tensor(value))
+        reference.add_(torch.tensor(value))
+    assert mean.host_total == float(reference) == math.inf
+    assert float(mean.compute()) == math.inf
+    negative = LossShow()
+    negative.update(torch.tensor(-3e38))
+    negative.update(torch.tensor(-3e38))
+    assert negative.get() == ("loss", -math.inf)
+
+
 def test_loss_show_keeps_nan_and_needs_no_grad():
     show = LossShow()
     weight = torch.tensor(2.0, requires_grad=True)
@@ -101,6 +114,35 @@ def test_top1_accuracy_equals_multiclass_accuracy_bit_for_bit(ignore_index, shap
         reference.update(scores, labels)
         if step % 23 == 0 or step == 199:
             assert acc.get()[1] == top1.get()[1] == float(reference.compute())
+
+
+def test_cpu_scores_are_kept_detached_and_scored_at_the_fold():
+    gen = torch.Generator().manual_seed(3)
+    acc, reference = Accuracy(), _tm_accuracy(4)
+    weight = torch.ones(4, requires_grad=True)
+    for step in range(70):  # over one fold's worth of kept batches, with two spatial sizes
+        size = 2 if step % 3 else 3
+        labels = torch.randint(0, 4, (5, size, size), generator=gen)
+        scores = torch.randn(5, 4, size, size, generator=gen) * weight.view(1, 4, 1, 1)
+        acc.update(labels, scores)
+        reference.update(scores.detach(), labels)
+        kept = acc._scores._pending_scores
+        assert len(kept) == (step + 1) % 64 and all(not preds.requires_grad for _, preds, _, _ in kept)
+    assert acc.get()[1] == float(reference.compute())
+    assert not acc._scores._pending_scores  # reading the value scores what was kept
+
+
+def test_a_kept_batch_changed_in_place_before_the_fold_raises():
+    acc = Accuracy()
+    labels, scores = torch.tensor([0, 1]), torch.tensor([[2.0, 0.0], [0.0, 2.0]])
+    acc.update(labels, scores)
+    acc.update(labels, scores.clone())
+    scores[0, 1] = 5.0  # e.g. a reused output buffer
+    with pytest.raises(RuntimeError, match=r"labels or preds of 1 batch\(es\) .* changed in place"):
+        acc.get()
+    acc.reset()
+    acc.update(labels, scores)
+    assert acc.get()[1] == 0.5
 
 
 def test_accuracy_counts_nothing_counted_as_zero_like_torchmetrics():

@@ -49,6 +49,8 @@ def to_python(value: Any) -> Any:
     (0.5, [1.0, 2.0], 3.0)
     """
     if isinstance(value, torch.Tensor):
+        if not value.dim():  # one read (a sync on an accelerator) instead of three tensor ops
+            return float(value.item())
         value = value.detach().float().cpu()
         return float(value) if value.numel() == 1 else [float(v) for v in value.flatten()]
     if isinstance(value, (list, tuple)):

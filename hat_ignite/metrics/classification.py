@@ -6,8 +6,11 @@ shape ``(N, ...)``; ``preds`` holds scores (logits or probabilities) of shape ``
 
 Top-1 accuracy is counted per update with a few tensor ops and no host-device sync (the counts
 stay on the inputs' device until :meth:`get` reads them, see :mod:`hat_ignite.metrics.running`);
-its value is the one torchmetrics' micro-averaged ``MulticlassAccuracy`` gives. Top-k accuracy
-for ``k > 1`` updates a torchmetrics ``MulticlassAccuracy``.
+its value is the one torchmetrics' micro-averaged ``MulticlassAccuracy`` gives. Class scores on
+the CPU cost no tensor op at all per update: the batches are kept and scored together every few
+dozen updates (and before a value is read), so they must not be changed in place in between (a
+change is detected and raises). Top-k accuracy for ``k > 1`` updates a torchmetrics
+``MulticlassAccuracy``.
 
 The inputs are checked in full on the first update after construction or :meth:`reset` and
 whenever the shapes, dtypes or devices of ``labels`` and ``preds`` change; further updates with
@@ -68,7 +71,7 @@ class _MulticlassAccuracy(EvalMetric):
         self.ignore_index = ignore_index
         # top-1 scores and class indices are counted from the first update on every process, so
         # that under torch.distributed every rank takes part in get()'s reductions
-        self._scores: RunningCounts | TorchmetricState | None = RunningCounts() if top_k == 1 else None
+        self._scores: RunningCounts | TorchmetricState | None = RunningCounts(ignore_index) if top_k == 1 else None
         self._scores_classes: int | None = None
         self._hits = RunningCounts()
         # (labels.shape, preds.shape, labels.dtype, preds.dtype, labels.device, preds.device) of the
@@ -134,6 +137,9 @@ class _MulticlassAccuracy(EvalMetric):
 
     def _count_scores(self, labels: torch.Tensor, preds: torch.Tensor) -> None:
         """Top-1 hits of float ``preds`` scores against ``labels`` on the same device."""
+        if preds.is_cpu:  # kept and scored many batches at a time (see RunningCounts.update_scores)
+            self._scores.update_scores(labels, preds.detach())  # type: ignore[union-attr]
+            return
         hits = preds.argmax(1) == labels
         if self.ignore_index is None:
             self._scores.update(hits, labels.numel())  # type: ignore[union-attr]

@@ -3,7 +3,8 @@
 :class:`~hat_ignite.metrics.LossShow` and top-1 :class:`~hat_ignite.metrics.Accuracy` need only
 sufficient statistics: a sum and a count of observations, or the number of hits and of counted
 samples. They are kept here in small tensors on the inputs' device (a CPU loss's sum on the
-host) and turned into a value only when one is asked for (``compute()``), with the arithmetic
+host; CPU class scores are kept as they are and scored every few dozen updates) and turned into
+a value only when one is asked for (``compute()``), with the arithmetic
 torchmetrics uses for the same metrics,
 so the values are the same:
 
@@ -33,6 +34,7 @@ no update since the last reset.
 
 from __future__ import annotations
 
+import math
 import struct
 from typing import Callable
 
@@ -125,6 +127,12 @@ class RunningMean:
             return None if not count else total / count
         if not self.count:
             return None
+        if self.total is None:
+            dtype = torch.get_default_dtype()
+            if dtype == torch.float32 or dtype == torch.float64:
+                # the host division rounded once to ``dtype`` is the tensor division's result
+                rounding = _rounding(dtype)
+                return torch.tensor(rounding(self.host_total / rounding(float(self.count))), dtype=dtype)
         total = self._sum()
         return total / torch.tensor(float(self.count), dtype=total.dtype, device=total.device)
 
@@ -139,7 +147,15 @@ _FLOAT32 = struct.Struct("f")
 
 
 def _to_float32(value: float) -> float:
-    return _FLOAT32.unpack(_FLOAT32.pack(value))[0]
+    """``value`` rounded to the nearest float32, as a float32 tensor op rounds it (inf past the range).
+
+    >>> _to_float32(0.1), _to_float32(1e39), _to_float32(-1e39)
+    (0.10000000149011612, inf, -inf)
+    """
+    try:
+        return _FLOAT32.unpack(_FLOAT32.pack(value))[0]
+    except OverflowError:  # struct refuses what rounds past float32's range; IEEE gives inf
+        return math.copysign(math.inf, value)
 
 
 def _rounding(dtype: torch.dtype) -> Callable[[float], float]:
@@ -153,24 +169,41 @@ def _rounding(dtype: torch.dtype) -> Callable[[float], float]:
 
 
 class RunningCounts:
-    """Hits among counted samples: boolean masks, counted lazily.
+    """Hits among counted samples: boolean masks (or CPU class scores), counted lazily.
 
     ``update`` only keeps the batch's hit mask (a boolean tensor the caller made and does not
     touch again) in a list; the masks are counted together, into one int64 sum, every few dozen
     updates (or once they hold about a million elements) and before a value is read. That takes
     the counting off the per-step path. A counted-sample number known on the host (the batch
     size) stays a Python int; otherwise a mask of the counted samples is kept the same way.
+
+    :meth:`update_scores` goes one step further for class scores on the CPU: it keeps the batch's
+    ``labels`` and ``preds`` themselves and finds the top-1 hits of all the kept batches at the
+    fold, with one ``argmax`` and one comparison over their concatenation instead of two tensor
+    ops per batch. The per-row results are those of the batch-by-batch ops, so the counts are
+    equal. The kept tensors must not change before the fold: a change in place is detected
+    (through the tensors' version counters) and raises instead of counting changed values.
+
+    Args:
+        ignore_index: the label value :meth:`update_scores` does not count (``None``: every
+            label is counted).
     """
 
-    __slots__ = ("hits", "counted", "host_counted", "updates", "_pending_hits", "_pending_counted", "_pending_size")
+    __slots__ = (
+        "hits", "counted", "host_counted", "updates", "ignore_index",
+        "_pending_hits", "_pending_counted", "_pending_scores", "_pending_size",
+    )
 
-    def __init__(self) -> None:
+    def __init__(self, ignore_index: int | None = None) -> None:
         self.hits: torch.Tensor | None = None
         self.counted: torch.Tensor | None = None
         self.host_counted = 0
         self.updates = 0
+        self.ignore_index = ignore_index
         self._pending_hits: list[torch.Tensor] = []
         self._pending_counted: list[torch.Tensor] = []
+        # (labels, preds, labels._version, preds._version) of the batches update_scores kept
+        self._pending_scores: list[tuple[torch.Tensor, torch.Tensor, int, int]] = []
         self._pending_size = 0
 
     def update(self, hits: torch.Tensor, counted: int | torch.Tensor) -> None:
@@ -186,7 +219,57 @@ class RunningCounts:
         if len(pending) >= _FOLD_EVERY or self._pending_size >= _FOLD_SIZE:
             self._fold()
 
+    def update_scores(self, labels: torch.Tensor, preds: torch.Tensor) -> None:
+        """Add a batch of class scores, counted at the next fold (no tensor op now).
+
+        Args:
+            labels: class indices of shape ``(N, ...)``, on the device of ``preds``.
+            preds: float scores of shape ``(N, C, ...)``, detached from any graph. Both are kept
+                until the fold and must not be changed in place before it.
+        """
+        pending = self._pending_scores
+        pending.append((labels, preds, labels._version, preds._version))
+        if self.ignore_index is None:
+            self.host_counted += labels.numel()
+        self.updates += 1
+        self._pending_size += preds.numel()
+        if len(pending) >= _FOLD_EVERY or self._pending_size >= _FOLD_SIZE:
+            self._fold()
+
+    def _score_pending(self) -> None:
+        """Turn the kept ``(labels, preds)`` batches into hit (and counted) masks."""
+        pending = self._pending_scores
+        changed = [i for i, (labels, preds, lv, pv) in enumerate(pending) if labels._version != lv or preds._version != pv]
+        if changed:
+            pending.clear()
+            raise RuntimeError(
+                f"RunningCounts: the labels or preds of {len(changed)} batch(es) passed to an accuracy "
+                f"update were changed in place before they were counted (CPU class scores are kept and "
+                f"counted every {_FOLD_EVERY} updates). Pass tensors that stay as they are until then, "
+                f"e.g. update(labels.clone(), preds.clone()), or change copies instead."
+            )
+        batches: list[tuple[torch.Tensor, torch.Tensor]]
+        if len(pending) == 1:
+            batches = [pending[0][:2]]
+        else:
+            try:  # one concatenation each (same trailing shapes: the usual case)
+                batches = [(torch.cat([p[0] for p in pending]), torch.cat([p[1] for p in pending]))]
+            except RuntimeError:  # other trailing shapes: score batch by batch
+                batches = [p[:2] for p in pending]
+        pending.clear()
+        ignore_index = self.ignore_index
+        for labels, preds in batches:
+            hits = preds.argmax(1) == labels
+            if ignore_index is None:
+                self._pending_hits.append(hits)
+            else:
+                keep = labels != ignore_index
+                self._pending_hits.append(hits & keep)
+                self._pending_counted.append(keep)
+
     def _fold(self) -> None:
+        if self._pending_scores:
+            self._score_pending()
         self._pending_size = 0
         for name, pending in (("hits", self._pending_hits), ("counted", self._pending_counted)):
             if not pending:
@@ -227,6 +310,9 @@ class RunningCounts:
             return None
         if not counted:
             return torch.zeros((), dtype=torch.float32, device=hits.device)
+        if hits.is_cpu and (counted.__class__ is int or counted.is_cpu):
+            # float32(hits) / float32(counted) divided on the host and rounded once: the same value
+            return torch.tensor(_to_float32(_to_float32(float(hits)) / _to_float32(float(counted))), dtype=torch.float32)
         if counted.__class__ is int:
             counted = torch.tensor(counted, dtype=torch.int64, device=hits.device)
         return hits.float() / counted.float()
@@ -237,3 +323,5 @@ class RunningCounts:
         self.host_counted = self.updates = 0
         self._pending_hits.clear()
         self._pending_counted.clear()
+        self._pending_scores.clear()
+        self._pending_size = 0
