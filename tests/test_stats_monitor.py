@@ -126,6 +126,25 @@ def test_data_wait_and_compute_are_told_apart():
     assert epoch["epoch_data_time"] >= 0.04 and epoch["epoch_time"] >= 6 * 0.06
 
 
+class ClockOff(CallbackMixin):
+    """Turns the engine's step clock off at loop begin, as if StatsMonitor came in later."""
+
+    def on_loop_begin(self, loop, **kwargs):
+        loop.step_clock = None
+        loop.state.__dict__.pop("step_start_time", None)
+
+
+def test_the_engine_reads_step_starts_only_for_a_stats_monitor():
+    assert train([], num_epochs=1).step_clock is None
+    monitored = train([StatsMonitor(log_freq=2)], num_epochs=1)
+    assert monitored.step_clock is time.perf_counter and monitored.state.step_start_time > 0
+    log = StatsLog()  # a monitor that finds no step start reads them from its first step on
+    trainer = train([StatsMonitor(log_freq=2), ClockOff(), log], num_epochs=1)
+    assert trainer.step_clock is time.perf_counter
+    step_logs = [stats for where, stats in log.seen if where == "step"]
+    assert len(step_logs) == 3 and all(s["data_time"] >= 0 and s["compute_time"] > 0 for s in step_logs)
+
+
 class Lengths(nn.Module):
     def forward(self, batch):
         return torch.tensor([float(len(w)) for w in batch["words"]])

@@ -1,9 +1,11 @@
 """`StatsMonitor`: how fast training runs and where the time goes.
 
 A step's time is split in two: *data* is the wait between the end of the previous step (or the
-start of the epoch) and the start of this one, mostly the data loader fetching the batch;
-*compute* is the time from step begin to step end (forward, backward, update and the step
-hooks that run before this callback's ``on_step_end``). Attach it after the other callbacks so
+start of the epoch) and the start of this one's batch processor, mostly the data loader fetching
+the batch (and the step-begin hooks); *compute* is the time from there to step end (forward,
+backward, update and the step hooks that run before this callback's ``on_step_end``). The start
+is read by the engine itself (``loop.step_clock``, which this callback sets), so the callback
+needs no ``on_step_begin`` hook. Attach it after the other callbacks so
 their step-end work counts as compute rather than as the next step's data wait. On CUDA,
 kernels run asynchronously, so the split between the two is approximate while their sum over
 an interval is not.
@@ -176,8 +178,6 @@ class StatsMonitor(CallbackMixin):
         self._pending = _Totals()  # steps not yet added to the three above (see _fold)
         self._epoch_start = 0.0
         self._prev_step_end = 0.0
-        self._step_begin = 0.0
-        self._data_wait = 0.0
 
     # -- figures ---------------------------------------------------------------------------
     def _eta(self, loop: Any) -> float | None:
@@ -208,7 +208,9 @@ class StatsMonitor(CallbackMixin):
         storage[STORAGE_KEY] = {**(old if isinstance(old, dict) else {}), **figures}
 
     # -- hooks -----------------------------------------------------------------------------
-    def on_loop_begin(self, **kwargs: Any) -> None:
+    def on_loop_begin(self, loop: Any = None, **kwargs: Any) -> None:
+        if loop is not None:
+            loop.step_clock = self._clock  # the engine reads each step's start (see the module doc)
         self._run = _Totals()
         self._interval = _Totals()
         self._pending = _Totals()
@@ -218,19 +220,27 @@ class StatsMonitor(CallbackMixin):
         self._epoch = _Totals()
         self._epoch_start = self._prev_step_end = self._clock()
 
-    def on_step_begin(self, **kwargs: Any) -> None:
-        now = self._clock()
-        self._data_wait = now - self._prev_step_end
-        self._step_begin = now
-
     def on_step_end(
         self, loop: Any, epoch_id: int, step_id: int, global_step_id: int, storage: dict[str, Any],
         batch: Any = None, optimizer: Any = None, **kwargs: Any,
     ) -> None:
         now = self._clock()
-        compute = now - self._step_begin
-        samples = self.batch_size if self.batch_size is not None else infer_batch_size(batch)
-        self._pending.add(self._data_wait, compute, samples)
+        try:
+            begin = loop.state.step_start_time
+        except AttributeError:  # attached after the loop began: the engine reads starts from now on
+            loop.step_clock = self._clock
+            begin = self._prev_step_end
+        samples = self.batch_size
+        if samples is None:
+            samples = infer_batch_size(batch)
+        pending = self._pending  # _Totals.add, inlined: this runs every step
+        pending.steps += 1
+        pending.data += begin - self._prev_step_end
+        pending.compute += now - begin
+        if samples is None:
+            pending.counted = False
+        else:
+            pending.samples += samples
         self._prev_step_end = now
         if self.log_freq < 1 or (global_step_id + 1) % self.log_freq:
             return

@@ -93,9 +93,14 @@ def on_iteration_started(engine: LoopBase) -> None:
 def run_step(engine: LoopBase, batch: Any) -> Any:
     """The engine's process function: the step processor, then ``STEP_END`` and the stop check.
 
+    With ``engine.step_clock`` set, the clock is read first, into ``state.step_start_time``.
+
     Ignite stores the returned model outputs as ``engine.state.output``; they are stored there
     before ``STEP_END`` too, for its hooks' ``model_outs``.
     """
+    clock = engine.step_clock
+    if clock is not None:
+        engine.state.step_start_time = clock()
     output = engine.step_processor(engine, batch)
     if engine.hat_handlers[_STEP_END]:
         engine.state.output = output

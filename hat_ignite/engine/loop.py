@@ -190,6 +190,11 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
         #: What the process function (:func:`~hat_ignite.engine.bridge.run_step`) calls each step:
         #: the batch processor, or a wrapper of it (the Calibrator's turns the observers on).
         self.step_processor: Callable = batch_processor
+        #: A clock (e.g. ``time.perf_counter``) the process function reads right before the batch
+        #: processor, storing the time as ``state.step_start_time``; ``None`` (the default) reads
+        #: none. ``StatsMonitor`` sets it to split a step into data wait and compute without a
+        #: ``STEP_BEGIN`` hook.
+        self.step_clock: Callable[[], float] | None = None
         self.model_convert_pipeline = pipeline
         self.resume_optimizer = resume_optimizer
         self.resume_epoch_or_step = resume_epoch_or_step
