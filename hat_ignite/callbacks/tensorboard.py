@@ -73,6 +73,8 @@ def _number(value: Any) -> float | None:
     if isinstance(value, torch.Tensor):
         if not value.numel() or value.is_complex():
             return None
+        if not value.dim():  # a scalar loss: one read instead of three tensor ops
+            return float(value.item())
         return float(value.detach().float().sum())
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None

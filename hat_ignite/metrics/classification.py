@@ -77,7 +77,7 @@ class _MulticlassAccuracy(EvalMetric):
         # (labels.shape, preds.shape, labels.dtype, preds.dtype, labels.device, preds.device) of the
         # last checked update, and the conversions that update needed
         self._signature: tuple | None = None
-        self._labels_long = self._to_float = self._move = False
+        self._labels_long = self._to_float = self._move = self._keep_as_given = False
 
     def _score_state(self, num_classes: int) -> RunningCounts | TorchmetricState:
         if self._scores_classes is None:
@@ -168,6 +168,9 @@ class _MulticlassAccuracy(EvalMetric):
         if self.top_k == 1 and labels.__class__ is torch.Tensor and preds.__class__ is torch.Tensor:
             signature = (labels.shape, preds.shape, labels.dtype, preds.dtype, labels.device, preds.device)
             if signature == self._signature:  # checked before: only count
+                if self._keep_as_given:  # CPU scores that need no conversion: kept for the next fold
+                    self._scores.update_scores(labels, preds.detach())  # type: ignore[union-attr]
+                    return
                 if self._labels_long:
                     labels = labels.long()
                 if len(signature[1]) == len(signature[0]):
@@ -187,6 +190,10 @@ class _MulticlassAccuracy(EvalMetric):
         self._labels_long = converted.dtype != labels.dtype
         self._to_float = preds.dtype != torch.float32
         self._move = labels.device != preds.device
+        self._keep_as_given = (
+            preds.dim() == labels.dim() + 1 and preds.is_cpu and isinstance(self._scores, RunningCounts)
+            and not (self._labels_long or self._to_float or self._move)
+        )
 
     def compute(self) -> float:
         values = [
