@@ -224,6 +224,7 @@ def test_running_sums_fold_and_count():
         counts.update(mask, 2 if i % 2 else torch.tensor([True, False, True, False]))
     assert counts.totals().tolist() == [hits, 400, 200]
     assert float(counts.compute()) == float(torch.tensor(hits, dtype=torch.float32) / torch.tensor(400.0))
+    assert counts.value() == float(counts.compute()) and counts.hits == hits  # CPU counts: Python ints
     mixed = RunningCounts()  # masks that cannot be concatenated are counted one by one
     for mask in (torch.ones(2, 3, dtype=torch.bool), torch.ones(2, 4, dtype=torch.bool), torch.tensor(True)):
         mixed.update(mask, mask.numel())
@@ -236,11 +237,13 @@ def test_running_sums_fold_and_count():
     counts.reset()
     counts.update(torch.zeros(0, dtype=torch.bool), 0)
     assert float(counts.compute()) == 0.0 and counts.compute(nan_if_none_counted=True) is None
+    assert counts.value() == 0.0 and counts.value(nan_if_none_counted=True) is None
     mean = RunningMean()
-    assert mean.compute() is None
+    assert mean.compute() is None and mean.value() is None
     mean.update(torch.tensor(1.0))
     mean.update(torch.tensor(2.0))
     assert float(mean.compute()) == 1.5 and mean.compute().dtype == torch.float32 and mean.total is None
+    assert mean.value() == 1.5
     mean.reset()
     assert mean.compute() is None and mean.count == 0
 

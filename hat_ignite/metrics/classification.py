@@ -196,9 +196,10 @@ class _MulticlassAccuracy(EvalMetric):
         )
 
     def compute(self) -> float:
-        values = [
-            self._scores.compute() if self._scores is not None else None,
-            self._hits.compute(nan_if_none_counted=True),
+        scores = self._scores
+        values = [  # both read on every rank: under torch.distributed each takes part in collectives
+            None if scores is None else scores.value() if isinstance(scores, RunningCounts) else scores.compute(),
+            self._hits.value(nan_if_none_counted=True),
         ]
         values = [v for v in values if v is not None]
         if not values:

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from hat_ignite.metrics.base import EvalMetric, to_python
+from hat_ignite.metrics.base import EvalMetric
 from hat_ignite.metrics.running import RunningMean
 
 __all__ = ["LossShow"]
@@ -115,10 +115,10 @@ class LossShow(EvalMetric):
         if not self._keyed:
             # a process without updates still computes (an empty mean), for the collectives
             series = self._series.get(self.name) or RunningMean()  # type: ignore[arg-type]
-            value = series.compute()
-            return float("nan") if value is None else to_python(value)
-        values = [s.compute() for s in self._series.values()]
-        return [float("nan") if v is None else to_python(v) for v in values]
+            value = series.value()
+            return float("nan") if value is None else value
+        values = [s.value() for s in self._series.values()]
+        return [float("nan") if v is None else v for v in values]
 
     def get(self) -> tuple[Any, Any]:
         if self._keyed:

@@ -127,14 +127,33 @@ class RunningMean:
             return None if not count else total / count
         if not self.count:
             return None
-        if self.total is None:
-            dtype = torch.get_default_dtype()
-            if dtype == torch.float32 or dtype == torch.float64:
-                # the host division rounded once to ``dtype`` is the tensor division's result
-                rounding = _rounding(dtype)
-                return torch.tensor(rounding(self.host_total / rounding(float(self.count))), dtype=dtype)
+        mean = self._host_mean()
+        if mean is not None:
+            return torch.tensor(mean, dtype=torch.get_default_dtype())
         total = self._sum()
         return total / torch.tensor(float(self.count), dtype=total.dtype, device=total.device)
+
+    def _host_mean(self) -> float | None:
+        """The mean of a host sum (``count > 0``) in a float32/float64 default dtype, else ``None``.
+
+        The host quotient rounded once to that dtype is what the tensor division gives.
+        """
+        if self.total is not None:
+            return None
+        dtype = torch.get_default_dtype()
+        if dtype != torch.float32 and dtype != torch.float64:
+            return None
+        rounding = _rounding(dtype)
+        return rounding(self.host_total / rounding(float(self.count)))
+
+    def value(self) -> float | None:
+        """:meth:`compute` as a Python float; a host sum is divided without a tensor op."""
+        if self.count and _world_size() == 1:
+            mean = self._host_mean()
+            if mean is not None:
+                return mean
+        result = self.compute()
+        return None if result is None else float(result.item())
 
     def reset(self) -> None:
         """Forget everything added so far."""
@@ -166,6 +185,20 @@ def _rounding(dtype: torch.dtype) -> Callable[[float], float]:
         return float
     # float16/bfloat16 sums: round through a tensor (a default dtype hardly anyone sets)
     return lambda value: torch.tensor(value, dtype=dtype).item()
+
+
+def _host_ratio(hits: int, counted: int) -> float:
+    """``float32(hits) / float32(counted)`` as float32 tensors compute it (0.0 when nothing was counted).
+
+    A quotient of two float32 numbers computed in float64 and rounded once to float32 is the
+    correctly rounded float32 quotient, which is what the tensor division gives.
+
+    >>> _host_ratio(2, 3), float(torch.tensor(2.0) / torch.tensor(3.0))
+    (0.6666666865348816, 0.6666666865348816)
+    """
+    if not counted:
+        return 0.0
+    return _to_float32(_to_float32(float(hits)) / _to_float32(float(counted)))
 
 
 class RunningCounts:
@@ -274,22 +307,39 @@ class RunningCounts:
         for name, pending in (("hits", self._pending_hits), ("counted", self._pending_counted)):
             if not pending:
                 continue
-            total = _count_masks(pending)
+            total: torch.Tensor | int = _count_masks(pending)
             pending.clear()
+            if total.is_cpu:  # type: ignore[union-attr]
+                total = int(total)  # a CPU count is kept as a Python int: exact, and added without an op
             old = getattr(self, name)
-            setattr(self, name, total if old is None else old.to(total.device) + total)
+            if old is None:
+                setattr(self, name, total)
+            elif old.__class__ is int or total.__class__ is int:
+                setattr(self, name, old + total)
+            else:
+                setattr(self, name, old.to(total.device) + total)  # type: ignore[union-attr]
 
     def totals(self, device: torch.device | None = None) -> torch.Tensor:
         """``[hits, counted, updates]`` of this process as an int64 tensor (folds what is pending)."""
         self._fold()
+        hits, counted = self.hits, self.counted
         if device is None:
-            device = self.hits.device if self.hits is not None else torch.device("cpu")
-        out = torch.tensor([0, self.host_counted, self.updates], dtype=torch.int64, device=device)
-        if self.hits is not None:
-            out[0] += self.hits.to(device)
-        if self.counted is not None:
-            out[1] += self.counted.to(device)
+            device = hits.device if isinstance(hits, torch.Tensor) else torch.device("cpu")
+        out = torch.tensor(
+            [hits if hits.__class__ is int else 0, self.host_counted + (counted if counted.__class__ is int else 0),
+             self.updates], dtype=torch.int64, device=device,
+        )
+        if isinstance(hits, torch.Tensor):
+            out[0] += hits.to(device)
+        if isinstance(counted, torch.Tensor):
+            out[1] += counted.to(device)
         return out
+
+    def _local(self) -> tuple[torch.Tensor | int | None, torch.Tensor | int, int]:
+        """``(hits, counted, updates)`` of this process, folded (counts on the CPU as ints)."""
+        self._fold()
+        counted = self.host_counted if self.counted is None else self.counted + self.host_counted
+        return self.hits, counted, self.updates
 
     def compute(self, nan_if_none_counted: bool = False) -> torch.Tensor | None:
         """``hits / counted`` as a float32 0-d tensor, over every rank.
@@ -299,23 +349,31 @@ class RunningCounts:
                 0.0 once anything was updated (torchmetrics' ``MulticlassAccuracy`` divides
                 safely), and ``None`` only without any update.
         """
-        self._fold()
         if _world_size() > 1:
-            device = self.hits.device if self.hits is not None else _device_for_empty()
+            self._fold()
+            device = self.hits.device if isinstance(self.hits, torch.Tensor) else _device_for_empty()
             hits, counted, updates = _sum_over_ranks(self.totals(device))
         else:
-            hits, updates = self.hits, self.updates
-            counted = self.host_counted if self.counted is None else self.counted + self.host_counted
+            hits, counted, updates = self._local()
         if not updates or (nan_if_none_counted and not counted):
             return None
+        if hits.__class__ is int and counted.__class__ is int:
+            return torch.tensor(_host_ratio(hits, counted), dtype=torch.float32)  # type: ignore[arg-type]
+        device = hits.device if isinstance(hits, torch.Tensor) else counted.device  # type: ignore[union-attr]
         if not counted:
-            return torch.zeros((), dtype=torch.float32, device=hits.device)
-        if hits.is_cpu and (counted.__class__ is int or counted.is_cpu):
-            # float32(hits) / float32(counted) divided on the host and rounded once: the same value
-            return torch.tensor(_to_float32(_to_float32(float(hits)) / _to_float32(float(counted))), dtype=torch.float32)
-        if counted.__class__ is int:
-            counted = torch.tensor(counted, dtype=torch.int64, device=hits.device)
-        return hits.float() / counted.float()
+            return torch.zeros((), dtype=torch.float32, device=device)
+        return torch.as_tensor(hits, device=device).float() / torch.as_tensor(counted, device=device).float()
+
+    def value(self, nan_if_none_counted: bool = False) -> float | None:
+        """:meth:`compute` as a Python float; counts kept on the host are divided without a tensor op."""
+        if _world_size() == 1:
+            hits, counted, updates = self._local()
+            if hits.__class__ is int and counted.__class__ is int:
+                if not updates or (nan_if_none_counted and not counted):
+                    return None
+                return _host_ratio(hits, counted)  # type: ignore[arg-type]
+        result = self.compute(nan_if_none_counted)
+        return None if result is None else float(result.item())
 
     def reset(self) -> None:
         """Forget everything counted so far."""
