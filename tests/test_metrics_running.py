@@ -145,6 +145,22 @@ def test_a_kept_batch_changed_in_place_before_the_fold_raises():
     assert acc.get()[1] == 0.5
 
 
+@pytest.mark.parametrize("ignore_index", [None, 2])
+def test_inference_mode_scores_are_counted_at_once(ignore_index):
+    # inference tensors keep no version counter, so they cannot be kept until a fold
+    acc, reference = Accuracy(ignore_index=ignore_index), _tm_accuracy(4, ignore_index)
+    gen = torch.Generator().manual_seed(4)
+    for step in range(5):
+        labels, scores = torch.randint(0, 4, (6,), generator=gen), torch.randn(6, 4, generator=gen)
+        reference.update(scores, labels)
+        if step % 2:
+            with torch.inference_mode():
+                labels, scores = labels.clone(), scores.clone()
+        acc.update(labels, scores)
+    assert len(acc._scores._pending_scores) == 3  # the others were scored at once
+    assert acc.get()[1] == float(reference.compute())
+
+
 def test_accuracy_counts_nothing_counted_as_zero_like_torchmetrics():
     acc, reference = Accuracy(ignore_index=-1), _tm_accuracy(3, -1)
     labels, scores = torch.tensor([-1, -1]), torch.randn(2, 3)

@@ -258,16 +258,36 @@ class RunningCounts:
         Args:
             labels: class indices of shape ``(N, ...)``, on the device of ``preds``.
             preds: float scores of shape ``(N, C, ...)``, detached from any graph. Both are kept
-                until the fold and must not be changed in place before it.
+                until the fold and must not be changed in place before it. Inference tensors
+                (made under ``torch.inference_mode()``) keep no version counter to check that
+                by, so they are scored at once.
         """
-        pending = self._pending_scores
-        pending.append((labels, preds, labels._version, preds._version))
+        try:
+            kept = (labels, preds, labels._version, preds._version)
+        except RuntimeError:  # inference tensors
+            kept = None
         if self.ignore_index is None:
             self.host_counted += labels.numel()
         self.updates += 1
         self._pending_size += preds.numel()
+        if kept is None:
+            self._add_hits(labels, preds)
+            pending = self._pending_hits
+        else:
+            pending = self._pending_scores
+            pending.append(kept)
         if len(pending) >= _FOLD_EVERY or self._pending_size >= _FOLD_SIZE:
             self._fold()
+
+    def _add_hits(self, labels: torch.Tensor, preds: torch.Tensor) -> None:
+        """Add the top-1 hit mask of ``preds`` against ``labels`` (and what is counted) to the pending masks."""
+        hits = preds.argmax(1) == labels
+        if self.ignore_index is None:
+            self._pending_hits.append(hits)
+        else:
+            keep = labels != self.ignore_index
+            self._pending_hits.append(hits & keep)
+            self._pending_counted.append(keep)
 
     def _score_pending(self) -> None:
         """Turn the kept ``(labels, preds)`` batches into hit (and counted) masks."""
@@ -290,15 +310,8 @@ class RunningCounts:
             except RuntimeError:  # other trailing shapes: score batch by batch
                 batches = [p[:2] for p in pending]
         pending.clear()
-        ignore_index = self.ignore_index
         for labels, preds in batches:
-            hits = preds.argmax(1) == labels
-            if ignore_index is None:
-                self._pending_hits.append(hits)
-            else:
-                keep = labels != ignore_index
-                self._pending_hits.append(hits & keep)
-                self._pending_counted.append(keep)
+            self._add_hits(labels, preds)
 
     def _fold(self) -> None:
         if self._pending_scores:
