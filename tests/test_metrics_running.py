@@ -127,7 +127,7 @@ def test_cpu_scores_are_kept_detached_and_scored_at_the_fold():
         acc.update(labels, scores)
         reference.update(scores.detach(), labels)
         kept = acc._scores._pending_scores
-        assert len(kept) == (step + 1) % 64 and all(not preds.requires_grad for _, preds, _, _ in kept)
+        assert len(kept) == (step + 1) % 32 and all(not preds.requires_grad for _, preds, _, _ in kept)
     assert acc.get()[1] == float(reference.compute())
     assert not acc._scores._pending_scores  # reading the value scores what was kept
 

@@ -45,6 +45,9 @@ from hat_ignite.metrics.base import _world_size
 __all__ = ["RunningMean", "RunningCounts"]
 
 _FOLD_EVERY = 64  # RunningCounts counts its pending masks at least this often (updates) ...
+# ... and scores the CPU batches it keeps at least this often: a batch a DataLoader worker made
+# holds an open file descriptor (its shared-memory segment) for as long as it is kept
+_KEEP_SCORES = 32
 _FOLD_SIZE = 2**20  # ... and once they hold this many elements
 
 
@@ -215,7 +218,9 @@ class RunningCounts:
     fold, with one ``argmax`` and one comparison over their concatenation instead of two tensor
     ops per batch. The per-row results are those of the batch-by-batch ops, so the counts are
     equal. The kept tensors must not change before the fold: a change in place is detected
-    (through the tensors' version counters) and raises instead of counting changed values.
+    (through the tensors' version counters) and raises instead of counting changed values. At
+    most 32 batches are kept (fewer once they hold about a million scores): a batch made by a
+    DataLoader worker holds an open file descriptor while it is kept.
 
     Args:
         ignore_index: the label value :meth:`update_scores` does not count (``None``: every
@@ -272,11 +277,12 @@ class RunningCounts:
         self._pending_size += preds.numel()
         if kept is None:
             self._add_hits(labels, preds)
-            pending = self._pending_hits
-        else:
-            pending = self._pending_scores
-            pending.append(kept)
-        if len(pending) >= _FOLD_EVERY or self._pending_size >= _FOLD_SIZE:
+            if len(self._pending_hits) >= _FOLD_EVERY or self._pending_size >= _FOLD_SIZE:
+                self._fold()
+            return
+        pending = self._pending_scores
+        pending.append(kept)
+        if len(pending) >= _KEEP_SCORES or self._pending_size >= _FOLD_SIZE:
             self._fold()
 
     def _add_hits(self, labels: torch.Tensor, preds: torch.Tensor) -> None:
@@ -298,7 +304,7 @@ class RunningCounts:
             raise RuntimeError(
                 f"RunningCounts: the labels or preds of {len(changed)} batch(es) passed to an accuracy "
                 f"update were changed in place before they were counted (CPU class scores are kept and "
-                f"counted every {_FOLD_EVERY} updates). Pass tensors that stay as they are until then, "
+                f"counted every {_KEEP_SCORES} updates). Pass tensors that stay as they are until then, "
                 f"e.g. update(labels.clone(), preds.clone()), or change copies instead."
             )
         batches: list[tuple[torch.Tensor, torch.Tensor]]
