@@ -77,7 +77,7 @@ class _MulticlassAccuracy(EvalMetric):
         # (labels.shape, preds.shape, labels.dtype, preds.dtype, labels.device, preds.device) of the
         # last checked update, and the conversions that update needed
         self._signature: tuple | None = None
-        self._labels_long = self._to_float = self._move = self._keep_as_given = False
+        self._labels_long = self._to_float = self._move = False
 
     def _score_state(self, num_classes: int) -> RunningCounts | TorchmetricState:
         if self._scores_classes is None:
@@ -136,16 +136,12 @@ class _MulticlassAccuracy(EvalMetric):
             self._scores.update(preds.float(), labels.to(preds.device))  # type: ignore[union-attr]
 
     def _count_scores(self, labels: torch.Tensor, preds: torch.Tensor) -> None:
-        """Top-1 hits of float ``preds`` scores against ``labels`` on the same device."""
-        if preds.is_cpu:  # kept and scored many batches at a time (see RunningCounts.update_scores)
-            self._scores.update_scores(labels, preds.detach())  # type: ignore[union-attr]
-            return
-        hits = preds.argmax(1) == labels
-        if self.ignore_index is None:
-            self._scores.update(hits, labels.numel())  # type: ignore[union-attr]
-        else:
-            keep = labels != self.ignore_index
-            self._scores.update(hits & keep, keep)  # type: ignore[union-attr]
+        """Top-1 hits of float ``preds`` scores against ``labels`` on the same device.
+
+        On the CPU the batch is kept and scored with others at once (see
+        :meth:`~hat_ignite.metrics.running.RunningCounts.update_scores`).
+        """
+        self._scores.update_scores(labels, preds.detach())  # type: ignore[union-attr]
 
     def _count_indices(self, labels: torch.Tensor, preds: torch.Tensor) -> None:
         """Hits of int64 class-index ``preds`` against ``labels`` on the same device."""
@@ -168,9 +164,6 @@ class _MulticlassAccuracy(EvalMetric):
         if self.top_k == 1 and labels.__class__ is torch.Tensor and preds.__class__ is torch.Tensor:
             signature = (labels.shape, preds.shape, labels.dtype, preds.dtype, labels.device, preds.device)
             if signature == self._signature:  # checked before: only count
-                if self._keep_as_given:  # CPU scores that need no conversion: kept for the next fold
-                    self._scores.update_scores(labels, preds.detach())  # type: ignore[union-attr]
-                    return
                 if self._labels_long:
                     labels = labels.long()
                 if len(signature[1]) == len(signature[0]):
@@ -190,10 +183,6 @@ class _MulticlassAccuracy(EvalMetric):
         self._labels_long = converted.dtype != labels.dtype
         self._to_float = preds.dtype != torch.float32
         self._move = labels.device != preds.device
-        self._keep_as_given = (
-            preds.dim() == labels.dim() + 1 and preds.is_cpu and isinstance(self._scores, RunningCounts)
-            and not (self._labels_long or self._to_float or self._move)
-        )
 
     def compute(self) -> float:
         scores = self._scores

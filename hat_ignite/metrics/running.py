@@ -258,31 +258,35 @@ class RunningCounts:
             self._fold()
 
     def update_scores(self, labels: torch.Tensor, preds: torch.Tensor) -> None:
-        """Add a batch of class scores, counted at the next fold (no tensor op now).
+        """Add a batch of class scores: kept and counted at the next fold on the CPU.
+
+        Scores on an accelerator are counted now (their ops run asynchronously, and a CUDA graph
+        may overwrite its outputs), as are inference tensors (made under
+        ``torch.inference_mode()``), which keep no version counter to check the kept values by.
 
         Args:
             labels: class indices of shape ``(N, ...)``, on the device of ``preds``.
-            preds: float scores of shape ``(N, C, ...)``, detached from any graph. Both are kept
-                until the fold and must not be changed in place before it. Inference tensors
-                (made under ``torch.inference_mode()``) keep no version counter to check that
-                by, so they are scored at once.
+            preds: float scores of shape ``(N, C, ...)``, detached from any graph. Kept ones must
+                not be changed in place before the fold.
         """
-        try:
-            kept = (labels, preds, labels._version, preds._version)
-        except RuntimeError:  # inference tensors
-            kept = None
+        kept = None
+        if preds.is_cpu:
+            try:
+                kept = (labels, preds, labels._version, preds._version)
+            except RuntimeError:  # inference tensors
+                pass
+        self.updates += 1
         if self.ignore_index is None:
             self.host_counted += labels.numel()
-        self.updates += 1
-        self._pending_size += preds.numel()
         if kept is None:
             self._add_hits(labels, preds)
-            if len(self._pending_hits) >= _FOLD_EVERY or self._pending_size >= _FOLD_SIZE:
-                self._fold()
-            return
-        pending = self._pending_scores
-        pending.append(kept)
-        if len(pending) >= _KEEP_SCORES or self._pending_size >= _FOLD_SIZE:
+            self._pending_size += labels.numel()
+            pending, limit = self._pending_hits, _FOLD_EVERY
+        else:
+            pending, limit = self._pending_scores, _KEEP_SCORES
+            pending.append(kept)
+            self._pending_size += preds.numel()
+        if len(pending) >= limit or self._pending_size >= _FOLD_SIZE:
             self._fold()
 
     def _add_hits(self, labels: torch.Tensor, preds: torch.Tensor) -> None:
