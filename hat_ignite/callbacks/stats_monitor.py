@@ -230,17 +230,8 @@ class StatsMonitor(CallbackMixin):
         except AttributeError:  # attached after the loop began: the engine reads starts from now on
             loop.step_clock = self._clock
             begin = self._prev_step_end
-        samples = self.batch_size
-        if samples is None:
-            samples = infer_batch_size(batch)
-        pending = self._pending  # _Totals.add, inlined: this runs every step
-        pending.steps += 1
-        pending.data += begin - self._prev_step_end
-        pending.compute += now - begin
-        if samples is None:
-            pending.counted = False
-        else:
-            pending.samples += samples
+        samples = self.batch_size if self.batch_size is not None else infer_batch_size(batch)
+        self._pending.add(begin - self._prev_step_end, now - begin, samples)
         self._prev_step_end = now
         if self.log_freq < 1 or (global_step_id + 1) % self.log_freq:
             return
