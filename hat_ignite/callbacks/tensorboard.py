@@ -27,8 +27,9 @@ record holds exactly what their ``get()`` returned at the end of each validation
 
 Cost: a loss, lr or metric is turned into a Python number (``.item()``, a device sync on a GPU)
 only on steps that are written; on other steps the callback does one modulo and, to notice new
-validation and StatsMonitor records, two dict lookups. The scalars of a step go to the event file
-as one event (see :mod:`hat_ignite.callbacks.tensorboard_scalars`), not one event per scalar.
+validation and StatsMonitor records, compares the two records in ``storage`` with the ones it
+wrote, by identity. The scalars of a step go into the event file as one event, written on the spot
+(see :mod:`hat_ignite.callbacks.tensorboard_scalars`), not one queued event per scalar.
 
 Processes: only rank 0 writes. Metric ``get()`` may be a collective under ``torch.distributed``,
 so every rank computes the metric values at the same points and rank 0 writes them.
@@ -344,7 +345,11 @@ class TensorBoard(CallbackMixin):
     ) -> None:
         if self.update_by == "step" and (global_step_id + 1) % self.update_freq == 0:
             self._write_point(optimizer, train_metrics, global_step_id)
-        if self.writer is not None and (_VALIDATION_KEY in storage or _STATS_KEY in storage):
+        seen = self._seen  # a record already written is the very object still in storage: skip it
+        if self.writer is not None and (
+            storage.get(_VALIDATION_KEY) is not seen.get(_VALIDATION_KEY)
+            or storage.get(_STATS_KEY) is not seen.get(_STATS_KEY)
+        ):
             self._write_records(storage)
         if self._scalars is not None and self._scalars.pending:
             self._scalars.flush()

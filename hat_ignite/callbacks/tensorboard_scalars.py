@@ -6,13 +6,13 @@ thread): about 90 µs of CPU for one scalar, far more than the value. :class:`St
 collects the scalars a callback writes at a step and writes them as one ``Summary`` with a value
 per tag, straight into the event file, on the calling thread: through the ``EventsWriter`` the
 writer's logger thread writes with, under that writer's own lock, so records never interleave.
-That takes about 10 µs for a point's four scalars. TensorBoard (and ``hat-curves``) read each
+That takes 10–20 µs for a point's four scalars. TensorBoard (and ``hat-curves``) read each
 value under its tag at that step, exactly as if each had been written alone. Tags are cleaned as
 ``add_scalar`` cleans them, by tensorboardX's own ``summary.scalar``, once per tag.
 
 Events other code adds through the writer (images from a ``tb_update_funcs`` function ...) still
-go through the queue, so they can land in the file after scalars of later steps; TensorBoard
-orders every tag's points by step. The file is flushed when the writer is (``writer.flush()``,
+go through the queue, so they can land in the file after scalars of later steps; the points of
+each tag still come in step order. The file is flushed when the writer is (``writer.flush()``,
 ``writer.close()``) and, as tensorboardX's logger thread does for queued events, once
 ``flush_secs`` have passed since the last flush, so a running job's points show up live. A writer
 without that ``EventsWriter`` (another tensorboardX version, ``write_to_disk=False``) or one with a
