@@ -31,7 +31,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 
 import workloads  # noqa: E402
-from workloads import BREAKDOWN_VARIANTS, VARIANTS, WORKLOADS, TimedBatches, lightning_available, make_batches  # noqa: E402
+from workloads import (  # noqa: E402
+    BREAKDOWN_VARIANTS, NEEDS_MODEL_OUTPUTS, VARIANTS, WORKLOADS, TimedBatches, lightning_available, make_batches,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = {"noop": 400, "mlp": 200, "cnn": 40}
@@ -40,7 +42,7 @@ ALL_VARIANTS = {**VARIANTS, **BREAKDOWN_VARIANTS}
 
 
 def variants_for(workload: str) -> list[str]:
-    keys = [k for k in VARIANTS if not (k.startswith("d") and workload == "noop")]  # no model outputs
+    keys = [k for k in VARIANTS if not (k in NEEDS_MODEL_OUTPUTS and workload == "noop")]
     return [k for k in keys if k != "e" or lightning_available()]
 
 

@@ -138,6 +138,25 @@ def run_ignite(workload: str, data: TimedBatches) -> None:
     Engine(lambda engine, batch: step(batch)).run(data, max_epochs=1)
 
 
+def run_ignite_metrics(workload: str, data: TimedBatches) -> None:
+    """(b) with Ignite's own metrics for the values (d)'s ``MetricUpdater`` keeps: the accuracy and
+    a running average of the loss, each updated every step (a breakdown row, for comparison)."""
+    from ignite.engine import Engine
+    from ignite.metrics import Accuracy as IgniteAccuracy
+    from ignite.metrics import RunningAverage
+
+    step = make_step(workload, *make_model(workload))
+
+    def process(engine: Any, batch: Any) -> Any:
+        losses, logits = step(batch)
+        return losses["cls_loss"].detach(), logits.detach(), batch[1]
+
+    engine = Engine(process)
+    IgniteAccuracy(output_transform=lambda out: (out[1], out[2])).attach(engine, "accuracy")
+    RunningAverage(output_transform=lambda out: out[0]).attach(engine, "loss")
+    engine.run(data, max_epochs=1)
+
+
 # -- (c) Trainer, (c10) with ten trivial callbacks, (d) with the digits config's callbacks --
 def _noop_processor() -> Any:
     from hat_ignite.engine.events import HatEvents
@@ -290,4 +309,8 @@ BREAKDOWN_VARIANTS: dict[str, tuple[str, Callable[[str, TimedBatches], None]]] =
     "dM": ("(d−M) (d) without MetricUpdater", lambda w, d: run_trainer(w, d, "digits", without="MetricUpdater")),
     "dS": ("(d−S) (d) without StatsMonitor", lambda w, d: run_trainer(w, d, "digits", without="StatsMonitor")),
     "dT": ("(d−T) (d) without TensorBoard", lambda w, d: run_trainer(w, d, "digits", without="TensorBoard")),
+    "bM": ("(b+M) (b) with Ignite's Accuracy and RunningAverage of the loss", run_ignite_metrics),
 }
+
+#: Rows that need model outputs, so the no-op workload leaves them out.
+NEEDS_MODEL_OUTPUTS = frozenset({"d", "dM", "dS", "dT", "bM"})
