@@ -72,12 +72,12 @@ class StepScalars:
     Args:
         writer: a tensorboardX ``SummaryWriter``.
         flush_secs: flush the event file once this many seconds passed since the last flush
-            (as the writer's own ``flush_secs``).
+            (pass the writer's own ``flush_secs``; ``None``: tensorboardX's default, 120).
     """
 
-    def __init__(self, writer: Any, flush_secs: float = _DEFAULT_FLUSH_SECS) -> None:
+    def __init__(self, writer: Any, flush_secs: float | None = None) -> None:
         self.writer = writer
-        self.flush_secs = flush_secs
+        self.flush_secs = _DEFAULT_FLUSH_SECS if flush_secs is None else float(flush_secs)
         self._file_writer: Any = None  # the writer's file writer that _events was looked up for
         self._events: Any = None
         self._last_file_flush = time.monotonic()
