@@ -200,8 +200,9 @@ def _ten_trivial_callbacks(keep_kwargs: bool = False) -> list:
     return callbacks
 
 
-def _digits_callbacks(ckpt_dir: str) -> list:
-    """The shipped digits config's training callbacks (validation left out: epoch-level work)."""
+def _digits_callbacks(ckpt_dir: str, tb_every: int = 50) -> list:
+    """The shipped digits config's training callbacks (validation left out: epoch-level work), with
+    TensorBoard writing every ``tb_every`` steps (the config itself writes every 5)."""
     import importlib.util
 
     from hat_ignite.callbacks import Checkpoint, MetricUpdater, StatsMonitor, StepDecayLrUpdater
@@ -223,12 +224,13 @@ def _digits_callbacks(ckpt_dir: str) -> list:
 
         tb_cls = getattr(tb_module, "TensorBoard", None)
         if tb_cls is not None:
-            callbacks.append(tb_cls(save_dir=os.path.join(ckpt_dir, "tensorboard"), overwrite=True, update_freq=50))
+            tb_dir = os.path.join(ckpt_dir, "tensorboard")
+            callbacks.append(tb_cls(save_dir=tb_dir, overwrite=True, update_freq=tb_every))
     return callbacks
 
 
 def run_trainer(workload: str, data: TimedBatches, callbacks: str = "none", checks: bool = True,
-                without: str | None = None) -> None:
+                without: str | None = None, tb_every: int = 50) -> None:
     """(c)-style runs; ``checks=False`` turns the finite-loss/gradient checks off, ``without`` drops
     the digits callback of that class name."""
     from hat_ignite.engine import BasicBatchProcessor, Trainer, collect_loss_by_index
@@ -246,7 +248,7 @@ def run_trainer(workload: str, data: TimedBatches, callbacks: str = "none", chec
         elif callbacks == "digits":
             from hat_ignite.metrics import Accuracy, LossShow
 
-            cbs = [cb for cb in _digits_callbacks(tmp) if type(cb).__name__ != without]
+            cbs = [cb for cb in _digits_callbacks(tmp, tb_every) if type(cb).__name__ != without]
             if without != "MetricUpdater":  # without their updater the metrics would stay empty (NaN)
                 extra["train_metrics"] = [LossShow(), Accuracy()]
         else:
@@ -309,8 +311,10 @@ BREAKDOWN_VARIANTS: dict[str, tuple[str, Callable[[str, TimedBatches], None]]] =
     "dM": ("(d−M) (d) without MetricUpdater", lambda w, d: run_trainer(w, d, "digits", without="MetricUpdater")),
     "dS": ("(d−S) (d) without StatsMonitor", lambda w, d: run_trainer(w, d, "digits", without="StatsMonitor")),
     "dT": ("(d−T) (d) without TensorBoard", lambda w, d: run_trainer(w, d, "digits", without="TensorBoard")),
+    "d5": ("(d5) (d) with TensorBoard every 5 steps, as the digits config",
+           lambda w, d: run_trainer(w, d, "digits", tb_every=5)),
     "bM": ("(b+M) (b) with Ignite's Accuracy and RunningAverage of the loss", run_ignite_metrics),
 }
 
 #: Rows that need model outputs, so the no-op workload leaves them out.
-NEEDS_MODEL_OUTPUTS = frozenset({"d", "dM", "dS", "dT", "bM"})
+NEEDS_MODEL_OUTPUTS = frozenset({"d", "dM", "dS", "dT", "d5", "bM"})
