@@ -244,3 +244,42 @@ def test_step_scalars_write_nothing_once_the_writer_is_closed(tmp_path):
     scalars.add("loss", 2.0, 1)
     scalars.flush()  # no error, and the closed file is left as it was
     assert read_scalars(str(tmp_path)) == {"loss": [(0, 1.0)]}
+
+
+def test_points_written_before_a_crash_are_in_the_file(tmp_path):
+    # a run that dies with an exception (the process exits with it) keeps every point written
+    # before it: the event file is flushed when the interpreter exits
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(f"""
+        import torch
+        from hat_ignite.callbacks import CallbackMixin, TensorBoard
+        from hat_ignite.engine import BasicBatchProcessor, Trainer, collect_loss_by_index
+
+        class Boom(CallbackMixin):
+            def on_step_begin(self, global_step_id, **kwargs):
+                if global_step_id == 7:
+                    raise RuntimeError("boom at step 7")
+
+        class Net(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = torch.nn.Linear(4, 3)
+            def forward(self, x, y):
+                logits = self.fc(x)
+                return {{"cls_loss": torch.nn.functional.cross_entropy(logits, y)}}, logits
+
+        torch.manual_seed(0)
+        model = Net()
+        batches = [(torch.randn(8, 4), torch.randint(0, 3, (8,))) for _ in range(20)]
+        Trainer(model=model, data_loader=batches, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                batch_processor=BasicBatchProcessor(need_grad_update=True, loss_collector=collect_loss_by_index(0)),
+                device=None, num_epochs=1, callbacks=[Boom(), TensorBoard({str(tmp_path)!r}, update_freq=1)]).fit()
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "boom at step 7" in out.stderr
+    scalars = read_scalars(str(tmp_path))
+    assert [step for step, _ in scalars["loss/cls_loss"]] == list(range(7))
+    assert [step for step, _ in scalars["lr/group_0"]] == list(range(7))
