@@ -15,10 +15,9 @@ go through the queue, so they can land in the file after scalars of later steps;
 each tag still come in step order. The file is flushed when the writer is (``writer.flush()``,
 ``writer.close()``) and, as tensorboardX's logger thread does for queued events, once
 ``flush_secs`` have passed since the last flush, so a running job's points reach the disk within
-that time. A writer
-without that ``EventsWriter`` (another tensorboardX version, ``write_to_disk=False``) or one with a
-``purge_step`` (whose purge marker must reach the file before any new point) gets the events
-through ``file_writer.add_summary`` instead.
+that time. A writer without that ``EventsWriter`` (another tensorboardX version,
+``write_to_disk=False``) or one with a ``purge_step`` (whose purge marker must reach the file
+before any new point) gets the events through ``file_writer.add_summary`` instead.
 
 >>> import tempfile
 >>> from tensorboardX import SummaryWriter
