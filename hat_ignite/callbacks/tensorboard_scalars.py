@@ -78,8 +78,6 @@ class StepScalars:
     def __init__(self, writer: Any, flush_secs: float | None = None) -> None:
         self.writer = writer
         self.flush_secs = _DEFAULT_FLUSH_SECS if flush_secs is None else float(flush_secs)
-        self._file_writer: Any = None  # the writer's file writer that _events was looked up for
-        self._events: Any = None
         self._last_file_flush = time.monotonic()
         self._pending: dict[int, list[tuple[str, float]]] = {}
         self._tags: dict[str, str] = {}
@@ -115,11 +113,9 @@ class StepScalars:
         file_writer = self.writer.file_writer
         if file_writer is None:  # the SummaryWriter was closed: nothing to write to
             return
-        if file_writer is not self._file_writer:  # the first flush, or the writer was closed and reopened
-            self._file_writer, self._events = file_writer, direct_events_writer(self.writer)
-        events = self._events
-        if events is not None and getattr(file_writer.event_writer, "_closed", False):
-            events = self._events = None  # closed under us: add_summary drops the events, as tensorboardX does
+        # looked up at each flush, so a file closed or reopened since is noticed; a closed one gets
+        # add_summary, which drops the events as tensorboardX does
+        events = direct_events_writer(self.writer)
         for step, pairs in pending.items():
             summary = Summary(value=[Summary.Value(tag=self._clean(tag), simple_value=value) for tag, value in pairs])
             if events is None:
