@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 import struct
+from array import array
 from typing import Callable
 
 import torch
@@ -180,10 +181,31 @@ def _to_float32(value: float) -> float:
         return math.copysign(math.inf, value)
 
 
+def _float32_rounder() -> Callable[[float], float]:
+    """A function rounding a float to the nearest float32, through a one-slot ``array("f")`` of its own.
+
+    Storing a float in the slot casts it to a C ``float`` (round to nearest, ``inf`` past the
+    range, as :func:`_to_float32`), and reading it back widens it again: two C-level item
+    accesses, about half the time of a ``struct`` pack and unpack. Each caller gets its own slot,
+    so two running means never share one between the store and the read.
+
+    >>> round32 = _float32_rounder()
+    >>> round32(0.1) == _to_float32(0.1), round32(1e39), round32(-1e39)
+    (True, inf, -inf)
+    """
+    slot = array("f", [0.0])
+
+    def round_to_float32(value: float) -> float:
+        slot[0] = value
+        return slot[0]
+
+    return round_to_float32
+
+
 def _rounding(dtype: torch.dtype) -> Callable[[float], float]:
     """How a host sum is rounded after each add to stay equal to a sum tensor of ``dtype``."""
     if dtype == torch.float32:
-        return _to_float32
+        return _float32_rounder()
     if dtype == torch.float64:
         return float
     # float16/bfloat16 sums: round through a tensor (a default dtype hardly anyone sets)
@@ -269,25 +291,45 @@ class RunningCounts:
             preds: float scores of shape ``(N, C, ...)``, detached from any graph. Kept ones must
                 not be changed in place before the fold.
         """
-        kept = None
-        if preds.is_cpu:
-            try:
-                kept = (labels, preds, labels._version, preds._version)
-            except RuntimeError:  # inference tensors
-                pass
+        if preds.is_cpu and self.keep_scores(labels, preds, labels.numel(), preds.numel()):
+            return
         self.updates += 1
         if self.ignore_index is None:
             self.host_counted += labels.numel()
-        if kept is None:
-            self._add_hits(labels, preds)
-            self._pending_size += labels.numel()
-            pending, limit = self._pending_hits, _FOLD_EVERY
-        else:
-            pending, limit = self._pending_scores, _KEEP_SCORES
-            pending.append(kept)
-            self._pending_size += preds.numel()
-        if len(pending) >= limit or self._pending_size >= _FOLD_SIZE:
+        self._add_hits(labels, preds)
+        self._pending_size += labels.numel()
+        if len(self._pending_hits) >= _FOLD_EVERY or self._pending_size >= _FOLD_SIZE:
             self._fold()
+
+    def keep_scores(self, labels: torch.Tensor, preds: torch.Tensor, counted: int, size: int) -> bool:
+        """Keep a batch of CPU class scores for the next fold: :meth:`update_scores` minus its tests.
+
+        For callers that know the batch is on the CPU and its element counts (the same for every
+        batch of one shape), which saves reading them at each update.
+
+        Args:
+            labels: class indices ``(N, ...)`` on the CPU.
+            preds: float scores ``(N, C, ...)`` on the CPU, detached from any graph.
+            counted: ``labels.numel()``.
+            size: ``preds.numel()``.
+
+        Returns:
+            ``False``, having added nothing, for inference tensors (which have no version counter
+            to check the kept values by): count those with :meth:`update_scores`.
+        """
+        try:
+            kept = (labels, preds, labels._version, preds._version)
+        except RuntimeError:  # inference tensors
+            return False
+        self.updates += 1
+        if self.ignore_index is None:
+            self.host_counted += counted
+        pending = self._pending_scores
+        pending.append(kept)
+        self._pending_size += size
+        if len(pending) >= _KEEP_SCORES or self._pending_size >= _FOLD_SIZE:
+            self._fold()
+        return True
 
     def _add_hits(self, labels: torch.Tensor, preds: torch.Tensor) -> None:
         """Add the top-1 hit mask of ``preds`` against ``labels`` (and what is counted) to the pending masks."""
