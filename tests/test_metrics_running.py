@@ -201,6 +201,29 @@ def test_inputs_are_converted_alike_on_checked_and_later_updates():
     assert acc.get()[1] == float(reference.compute())
 
 
+def test_updates_that_differ_from_the_kept_signature_are_checked_and_converted():
+    # after a checked update, CPU scores of the same shapes and dtypes are only kept; labels of
+    # another dtype (float, int32) or scores of another dtype or shape go through the checks
+    gen = torch.Generator().manual_seed(6)
+    acc, reference = Accuracy(), _tm_accuracy(3)
+    for step in range(12):
+        labels = torch.randint(0, 3, (8,), generator=gen)
+        scores = torch.randn(8, 3, generator=gen)
+        given_labels, given_scores = labels, scores
+        if step % 4 == 1:
+            given_labels = labels.double()
+        elif step % 4 == 2:
+            given_labels, given_scores = labels.int(), scores.double()
+        elif step % 4 == 3:
+            labels, scores = labels[:5], scores[:5]
+            given_labels, given_scores = labels, scores
+        acc.update(given_labels, given_scores)
+        reference.update(given_scores.float(), labels)
+    assert acc.get()[1] == float(reference.compute())
+    with pytest.raises(ValueError, match="non-integral floats"):
+        acc.update(torch.tensor([0.5] * 8), torch.randn(8, 3))  # kept signature's shapes, new dtype
+
+
 def test_checks_run_on_the_first_update_after_a_reset_and_when_the_signature_changes():
     acc = Accuracy()
     acc.update(torch.tensor([0, 1]), torch.randn(2, 3))

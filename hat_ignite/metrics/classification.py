@@ -78,6 +78,9 @@ class _MulticlassAccuracy(EvalMetric):
         # last checked update, and the conversions that update needed
         self._signature: tuple | None = None
         self._labels_long = self._to_float = self._move = False
+        # for checked CPU scores that need no conversion: (labels.shape, preds.shape, labels.dtype,
+        # preds.dtype, labels.numel(), preds.numel()), which update() compares and keeps them by
+        self._keep_as_is: tuple | None = None
 
     def _score_state(self, num_classes: int) -> RunningCounts | TorchmetricState:
         if self._scores_classes is None:
@@ -162,6 +165,13 @@ class _MulticlassAccuracy(EvalMetric):
         :class:`Accuracy` also takes class-index ``preds`` of the shape of ``labels``.
         """
         if self.top_k == 1 and labels.__class__ is torch.Tensor and preds.__class__ is torch.Tensor:
+            kept = self._keep_as_is
+            if (
+                kept is not None and labels.is_cpu and preds.is_cpu and labels.dtype is kept[2]
+                and preds.dtype is kept[3] and labels.shape == kept[0] and preds.shape == kept[1]
+            ):  # checked CPU scores that need no conversion: keep them for the fold
+                if self._scores.keep_scores(labels, preds.detach(), kept[4], kept[5]):  # type: ignore[union-attr]
+                    return
             signature = (labels.shape, preds.shape, labels.dtype, preds.dtype, labels.device, preds.device)
             if signature == self._signature:  # checked before: only count
                 if self._labels_long:
@@ -183,6 +193,13 @@ class _MulticlassAccuracy(EvalMetric):
         self._labels_long = converted.dtype != labels.dtype
         self._to_float = preds.dtype != torch.float32
         self._move = labels.device != preds.device
+        as_is = (
+            labels.is_cpu and preds.is_cpu and preds.dim() == labels.dim() + 1
+            and not (self._labels_long or self._to_float)
+        )
+        self._keep_as_is = (
+            (labels.shape, preds.shape, labels.dtype, preds.dtype, labels.numel(), preds.numel()) if as_is else None
+        )
 
     def compute(self) -> float:
         scores = self._scores
@@ -205,7 +222,7 @@ class _MulticlassAccuracy(EvalMetric):
         if self._scores is not None:
             self._scores.reset()
         self._hits.reset()
-        self._signature = None
+        self._signature = self._keep_as_is = None
 
 
 class Accuracy(_MulticlassAccuracy):
