@@ -80,6 +80,9 @@ def print_step_table(workload: str, res: dict[str, list[float]], steps: int) -> 
         label = VARIANTS[k][0]
         print(f"| {label} | {statistics.median(xs):.1f} | {_paired(xs, res['a'])} | {_paired(xs, res['b'])} "
               f"| {_low(xs) - _low(res['b']):+.1f} |")
+    if "d" in res and "bu" in res:  # the same metric work on both sides: what the engine adds around it
+        print(f"\n(d) minus (b+u), paired median [min..max]: {_paired(res['d'], res['bu']).strip()}; "
+              f"p10 minus p10: {_low(res['d']) - _low(res['bu']):+.1f}")
 
 
 # -- start-up time ------------------------------------------------------------------------------

@@ -157,6 +157,37 @@ def run_ignite_metrics(workload: str, data: TimedBatches) -> None:
     engine.run(data, max_epochs=1)
 
 
+def digits_metric_update(metrics: Any, batch: Any, model_outs: Any) -> None:
+    """The digits config's ``metric_update_func``: the losses into ``LossShow``, the logits into
+    ``Accuracy``. (d) runs it in ``MetricUpdater``, (b+u) in Ignite's process function."""
+    losses, logits = model_outs
+    metrics[0].update(losses)
+    metrics[1].update(batch[1], logits)
+
+
+def run_ignite_updates(workload: str, data: TimedBatches) -> None:
+    """(b) doing the metric work (d) does: the digits config's update of hat_ignite's ``LossShow``
+    and ``Accuracy``, every step, in the process function, with no callback around it.
+
+    (d) minus this row is what the engine and its callbacks add around the same work.
+    """
+    from ignite.engine import Engine, Events
+
+    from hat_ignite.metrics import Accuracy, LossShow
+
+    step = make_step(workload, *make_model(workload))
+    metrics = [LossShow(), Accuracy()]
+
+    def process(engine: Any, batch: Any) -> Any:
+        model_outs = step(batch)
+        digits_metric_update(metrics, batch, model_outs)
+        return model_outs
+
+    engine = Engine(process)
+    engine.add_event_handler(Events.EPOCH_COMPLETED, lambda _: [m.get() for m in metrics])  # as (d) logs them
+    engine.run(data, max_epochs=1)
+
+
 # -- (c) Trainer, (c10) with ten trivial callbacks, (d) with the digits config's callbacks --
 def _noop_processor() -> Any:
     from hat_ignite.engine.events import HatEvents
@@ -207,15 +238,10 @@ def _digits_callbacks(ckpt_dir: str, tb_every: int = 50) -> list:
 
     from hat_ignite.callbacks import Checkpoint, MetricUpdater, StatsMonitor, StepDecayLrUpdater
 
-    def update(metrics: Any, batch: Any, model_outs: Any) -> None:
-        losses, logits = model_outs
-        metrics[0].update(losses)
-        metrics[1].update(batch[1], logits)
-
     callbacks = [
         StatsMonitor(log_freq=0),
         StepDecayLrUpdater(warmup_by="epoch", warmup_len=1, lr_decay_id=[12, 17], step_log_interval=100),
-        MetricUpdater(metric_update_func=update, step_log_freq=0, epoch_log_freq=5,
+        MetricUpdater(metric_update_func=digits_metric_update, step_log_freq=0, epoch_log_freq=5,
                       storage_key="train_monitor_obj"),
         Checkpoint(save_dir=ckpt_dir, name_prefix="bench-", save_interval=1, interval_by="epoch", keep_n=1),
     ]
@@ -298,6 +324,7 @@ def run_lightning(workload: str, data: TimedBatches) -> None:
 VARIANTS: dict[str, tuple[str, Callable[[str, TimedBatches], None]]] = {
     "a": ("(a) hand-written loop", run_hand_loop),
     "b": ("(b) bare Ignite Engine", run_ignite),
+    "bu": ("(b+u) (b) with the digits config's metric updates", run_ignite_updates),
     "c": ("(c) Trainer, no callbacks", run_trainer),
     "c10": ("(c10) Trainer + 10 trivial callbacks", lambda w, d: run_trainer(w, d, "ten")),
     "c10f": ("(c10f) … each keeping its whole kwargs dict", lambda w, d: run_trainer(w, d, "ten-full")),
@@ -317,4 +344,4 @@ BREAKDOWN_VARIANTS: dict[str, tuple[str, Callable[[str, TimedBatches], None]]] =
 }
 
 #: Rows that need model outputs, so the no-op workload leaves them out.
-NEEDS_MODEL_OUTPUTS = frozenset({"d", "dM", "dS", "dT", "d5", "bM"})
+NEEDS_MODEL_OUTPUTS = frozenset({"bu", "d", "dM", "dS", "dT", "d5", "bM"})

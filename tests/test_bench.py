@@ -25,11 +25,14 @@ def test_quick_benchmark_prints_every_variant_row():
     tables = out.split("### ")
     for workload in ("noop", "mlp", "cnn"):
         table = next(t for t in tables if t.startswith(f"workload `{workload}`"))
-        expected = rows + ([] if workload == "noop" else ["(d) Trainer + digits callbacks"])
+        with_outputs = ["(b+u) (b) with the digits config's metric updates", "(d) Trainer + digits callbacks"]
+        expected = rows + ([] if workload == "noop" else with_outputs)
         for row in expected:
             line = next((ln for ln in table.splitlines() if ln.startswith(f"| {row} |")), None)
             assert line is not None, (workload, row)
             assert line.count("|") == 6 and "[" in line, line  # median, paired medians [min..max], p10 difference
+        if workload != "noop":
+            assert "(d) minus (b+u), paired median [min..max]: " in table
     for command in ("`python -c 'import ignite.engine'`", "`python -c 'import hat_ignite'`", "`hat-train --help`"):
         assert f"| {command} |" in out
     rss = next(t for t in tables if t.startswith("peak RSS"))
