@@ -10,6 +10,7 @@ figure is the steady-state cost of one step inside an epoch.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import tempfile
 import time
@@ -188,6 +189,31 @@ def run_ignite_updates(workload: str, data: TimedBatches) -> None:
     engine.run(data, max_epochs=1)
 
 
+def run_ignite_checked(workload: str, data: TimedBatches) -> None:
+    """(b) with the checks (c)'s batch processor makes by default: the loss is read and tested
+    before the backward, the gradients through ``grads_finite`` before the optimizer step."""
+    from ignite.engine import Engine
+
+    from hat_ignite.engine.processors.nonfinite import grads_finite
+
+    model, opt = make_model(workload)
+    params = [p for group in opt.param_groups for p in group["params"]]
+
+    def process(engine: Any, batch: Any) -> Any:
+        opt.zero_grad(set_to_none=True)
+        losses, logits = model(*batch)
+        loss = losses["cls_loss"]
+        if not math.isfinite(loss.item()):
+            raise FloatingPointError("non-finite loss")
+        loss.backward()
+        if not grads_finite([g for p in params if (g := p.grad) is not None]):
+            raise FloatingPointError("non-finite gradient")
+        opt.step()
+        return losses, logits
+
+    Engine(process).run(data, max_epochs=1)
+
+
 # -- (c) Trainer, (c10) with ten trivial callbacks, (d) with the digits config's callbacks --
 def _noop_processor() -> Any:
     from hat_ignite.engine.events import HatEvents
@@ -341,7 +367,8 @@ BREAKDOWN_VARIANTS: dict[str, tuple[str, Callable[[str, TimedBatches], None]]] =
     "d5": ("(d5) (d) with TensorBoard every 5 steps, as the digits config",
            lambda w, d: run_trainer(w, d, "digits", tb_every=5)),
     "bM": ("(b+M) (b) with Ignite's Accuracy and RunningAverage of the loss", run_ignite_metrics),
+    "bk": ("(b+k) (b) with (c)'s finite-loss and finite-gradient checks", run_ignite_checked),
 }
 
 #: Rows that need model outputs, so the no-op workload leaves them out.
-NEEDS_MODEL_OUTPUTS = frozenset({"bu", "d", "dM", "dS", "dT", "d5", "bM"})
+NEEDS_MODEL_OUTPUTS = frozenset({"bu", "bk", "d", "dM", "dS", "dT", "d5", "bM"})
