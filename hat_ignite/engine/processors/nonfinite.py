@@ -135,7 +135,14 @@ class _ParamList:
         if optimizer is not self.optimizer or key != self.key:
             self.optimizer, self.key = optimizer, key
             self.params = tuple(p for group in groups for p in group["params"])
-        return [g for p in self.params if (g := p.grad) is not None]
+        # a plain loop: a list comprehension is a function call of its own in Python 3.11,
+        # about 1 µs a step inside the training loop
+        grads = []
+        for p in self.params:
+            grad = p.grad
+            if grad is not None:
+                grads.append(grad)
+        return grads
 
 
 def grads_finite(grads: list[torch.Tensor]) -> bool:
