@@ -6,7 +6,7 @@ Run from the repository root::
     .venv/bin/python bench/engine_overhead.py --quick    # a smoke run (seconds; numbers meaningless)
 
 This machine's speed swings by 1.5-2x within seconds, so no figure is taken alone: every round
-runs each variant once, interleaved (a b c c10 d e a b c ...), and each variant is reported as
+runs each variant once, interleaved (a b b+u c c10 c10f d e a b ...), and each variant is reported as
 the median over rounds of its difference to the (a) and (b) run *of the same round*, with the
 range (min..max) of those differences. All runs use one intra-op thread, the same model, the
 same batches and one epoch; the per-step figure is the steady state inside the epoch (see
