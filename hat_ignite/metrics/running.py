@@ -105,7 +105,9 @@ class RunningMean:
         if total is None and obs.is_cpu:
             rounding = self._round
             if rounding is None:
-                rounding = self._round = _rounding(torch.get_default_dtype())
+                dtype = torch.get_default_dtype()
+                # each running mean gets a float32 rounder of its own: the per-step path
+                rounding = self._round = _float32_rounder() if dtype == torch.float32 else _rounding(dtype)
             self.host_total = rounding(self.host_total + obs.item())
             self.count += 1
             return
@@ -203,9 +205,13 @@ def _float32_rounder() -> Callable[[float], float]:
 
 
 def _rounding(dtype: torch.dtype) -> Callable[[float], float]:
-    """How a host sum is rounded after each add to stay equal to a sum tensor of ``dtype``."""
+    """How a host sum is rounded after each add to stay equal to a sum tensor of ``dtype``.
+
+    Shared and allocation-free, for reads; :meth:`RunningMean.update` gives each running mean a
+    float32 rounder of its own (:func:`_float32_rounder`), which is cheaper per call.
+    """
     if dtype == torch.float32:
-        return _float32_rounder()
+        return _to_float32
     if dtype == torch.float64:
         return float
     # float16/bfloat16 sums: round through a tensor (a default dtype hardly anyone sets)
