@@ -206,7 +206,12 @@ def run_ignite_checked(workload: str, data: TimedBatches) -> None:
         if not math.isfinite(loss.item()):
             raise FloatingPointError("non-finite loss")
         loss.backward()
-        if not grads_finite([g for p in params if (g := p.grad) is not None]):
+        grads = []  # gathered as the batch processor's check gathers them: a plain loop
+        for p in params:
+            grad = p.grad
+            if grad is not None:
+                grads.append(grad)
+        if not grads_finite(grads):
             raise FloatingPointError("non-finite gradient")
         opt.step()
         return losses, logits
