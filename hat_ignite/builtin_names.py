@@ -6,7 +6,7 @@ importing the table imports nothing else.
 
 from __future__ import annotations
 
-__all__ = ["BUILTIN_OBJECTS"]
+__all__ = ["BUILTIN_OBJECTS", "HAT_ALIASES", "NOT_PROVIDED"]
 
 #: Built-in registered names -> ``"module:attribute"`` import paths, imported lazily on lookup.
 BUILTIN_OBJECTS: dict[str, str] = {
@@ -68,4 +68,23 @@ BUILTIN_OBJECTS: dict[str, str] = {
     "MultitaskLoader": "hat_ignite.data.multitask:MultitaskLoader",
     "MultiTaskMLP": "hat_ignite.models.multitask_mlp:MultiTaskMLP",
     "MLPClassifier": "hat_ignite.models.mlp:MLPClassifier",
+}
+
+#: The extra names HAT registers for some classes (``@OBJECT_REGISTRY.alias(...)``): HAT configs
+#: write ``type="distributed_data_parallel_trainer"``. Alias -> the canonical name above.
+HAT_ALIASES: dict[str, str] = {
+    "distributed_data_parallel_trainer": "DistributedDataParallelTrainer",
+    "data_parallel_trainer": "DataParallelTrainer",
+}
+BUILTIN_OBJECTS.update({alias: BUILTIN_OBJECTS[name] for alias, name in HAT_ALIASES.items()})
+
+#: HAT engine names hat-ignite deliberately does not provide, with what to use instead.
+NOT_PROVIDED: dict[str, str] = {
+    "ApexDistributedDataParallelTrainer": "NVIDIA Apex is not supported; use 'DistributedDataParallelTrainer' "
+    "with the batch processor's enable_amp=True",
+    "apex_distributed_data_parallel_trainer": "NVIDIA Apex is not supported; use "
+    "'distributed_data_parallel_trainer' with the batch processor's enable_amp=True",
+    "DeepSpeedTrainer": "DeepSpeed is not supported; use 'DistributedDataParallelTrainer'",
+    "deepspeed_trainer": "DeepSpeed is not supported; use 'distributed_data_parallel_trainer'",
+    "AIDIPredictor": "AIDI (Horizon's platform) is not supported; use 'Predictor'",
 }

@@ -21,74 +21,61 @@ Stages are top-level keys named ``{stage}_trainer``, ``{stage}_predictor`` or
 
 from __future__ import annotations
 
-import ast
 import difflib
+import enum
+import hashlib
 import math
 import os
 import pprint
 import re
+import sys
 import traceback
 import types
 from collections.abc import Mapping
 from typing import Any, Iterator, Sequence
 
+from hat_ignite.config_opts import literal, parse_items, parse_opts, path_exists, set_path, split_key
 from hat_ignite.errors import ConfigError
 
-__all__ = ["Config", "parse_opts", "STAGE_SUFFIXES"]
+__all__ = ["Config", "ConfigVersion", "parse_opts", "STAGE_SUFFIXES"]
 
 #: Key suffixes that mark a stage's engine config.
 STAGE_SUFFIXES: tuple[str, ...] = ("_trainer", "_predictor", "_calibrator")
 
-_NAME = r"[^.\[\]\s]+"
-_KEY_PATH = re.compile(rf"{_NAME}(?:\.{_NAME}|\[-?\d+\])*")
-_KEY_PART = re.compile(rf"\.?({_NAME})|\[(-?\d+)\]")
-_OPT_FORM = "KEY=VALUE, e.g. float_trainer.num_epochs=3 or float_trainer.callbacks[1].lr=0.1"
+class ConfigVersion(enum.Enum):
+    """HAT's config format versions (HAT configs set ``VERSION = ConfigVersion.v2``)."""
+
+    v1 = 1
+    v2 = 2
 
 
-def _split_key(key: str, item: str) -> list[str | int]:
-    """``"a.b[2].c"`` -> ``["a", "b", 2, "c"]``; numeric dotted parts (``a.2``) are indexes too."""
-    if not _KEY_PATH.fullmatch(key):
-        raise ConfigError(f"--opts item {item!r}: {key!r} is not a key path. Expected {_OPT_FORM}.")
-    parts: list[str | int] = []
-    for m in _KEY_PART.finditer(key):
-        name, index = m.groups()
-        parts.append(int(index) if index is not None else int(name) if re.fullmatch(r"-?\d+", name) else name)
-    if not isinstance(parts[0], str):
-        raise ConfigError(f"--opts item {item!r}: a key path starts with a top-level name. Expected {_OPT_FORM}.")
-    return parts
+def _config_package(config_dir: str) -> tuple[str, list[str]]:
+    """The package a config file runs in, and the directories to put on ``sys.path`` meanwhile.
 
-
-def parse_opts(opts: Sequence[str]) -> list[tuple[list[str | int], Any]]:
-    """Parse ``--opts`` items ``KEY=VALUE`` into ``(key parts, value)`` pairs.
-
-    Values are read with :func:`ast.literal_eval` (numbers, ``None``, ``True``, lists, dicts,
-    quoted strings); anything else is kept as a string.
-
-    Raises:
-        ConfigError: an item that is not ``KEY=VALUE`` or whose key is not a key path.
-
-    >>> parse_opts(["a.b=1", "c=[1, 2]", "d=hello", "e[0]=None"])
-    [(['a', 'b'], 1), (['c'], [1, 2]), (['d'], 'hello'), (['e', 0], None)]
+    A config in a package directory (with ``__init__.py`` up to some root) runs as a module of
+    that package, so ``from .models import MyNet`` imports the package's own module. Any other
+    config runs in a package made for its directory, so relative imports of files next to it
+    work too. The config's directory (and a real package's root) is on ``sys.path`` while the
+    file runs, so ``import my_pkg.models`` finds a package next to it, as in HAT.
     """
-    parsed = []
-    for item in opts:
-        if not isinstance(item, str) or "=" not in item:
-            raise ConfigError(f"--opts item {item!r} has no '='. Expected {_OPT_FORM}.")
-        key, _, text = item.partition("=")
-        parts = _split_key(key.strip(), item)
-        try:
-            value = ast.literal_eval(text.strip())
-        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-            value = text
-        parsed.append((parts, value))
-    return parsed
+    parts: list[str] = []
+    root = config_dir
+    while os.path.isfile(os.path.join(root, "__init__.py")) and os.path.basename(root).isidentifier():
+        parts.insert(0, os.path.basename(root))
+        root = os.path.dirname(root)
+    if parts:
+        return ".".join(parts), [config_dir, root]
+    name = "_hat_config_" + hashlib.sha1(config_dir.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    if name not in sys.modules:
+        import importlib.machinery
+        import importlib.util
 
-
-def _format_path(parts: Sequence[str | int]) -> str:
-    out = ""
-    for p in parts:
-        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else p)
-    return out
+        spec = importlib.machinery.ModuleSpec(name, None, is_package=True)
+        spec.submodule_search_locations = [config_dir]
+        module = importlib.util.module_from_spec(spec)
+        module.__doc__ = f"The directory of config files {config_dir} (relative imports of configs)."
+        sys.modules[name] = module
+    return name, [config_dir]
 
 
 def _exec_error(path: str, exc: BaseException) -> ConfigError:
@@ -150,11 +137,21 @@ class Config(Mapping):
                 f"{path}:{exc.lineno}: syntax error: {exc.msg}.{caret}\nFix that line and run again."
             ) from None
         stem = re.sub(r"\W", "_", os.path.splitext(os.path.basename(path))[0])
-        namespace: dict[str, Any] = {"__file__": path, "__name__": f"hat_config.{stem}", "__builtins__": __builtins__}
+        config_dir = os.path.dirname(path)
+        package, roots = _config_package(config_dir)
+        namespace: dict[str, Any] = {
+            "__file__": path, "__name__": f"hat_config.{stem}", "__package__": package, "__builtins__": __builtins__,
+        }
+        added = [d for d in roots if d not in sys.path]
+        sys.path[:0] = added  # as HAT: modules next to the config import while it runs
         try:
             exec(code, namespace)
         except (Exception, SystemExit) as exc:  # any error the user's file raises, exit() included
             raise _exec_error(path, exc) from exc
+        finally:
+            for entry in added:
+                if entry in sys.path:
+                    sys.path.remove(entry)
         data = {
             k: v for k, v in namespace.items() if not k.startswith("_") and not isinstance(v, types.ModuleType)
         }
@@ -175,6 +172,15 @@ class Config(Mapping):
 
     def __setitem__(self, key: str, value: Any) -> None:
         self._data[key] = value
+
+    def __getattr__(self, key: str) -> Any:
+        """``cfg.float_trainer`` as well as ``cfg["float_trainer"]`` (as HAT's Config)."""
+        if key.startswith("_"):
+            raise AttributeError(key)
+        try:
+            return self._data[key]
+        except KeyError:
+            raise AttributeError(self._missing(key)) from None
 
     def _missing(self, key: str) -> str:
         close = difflib.get_close_matches(key, list(self._data), n=3)
@@ -254,39 +260,41 @@ class Config(Mapping):
         Raises:
             ConfigError: a malformed item or a key path that does not exist.
         """
-        for (parts, value), item in zip(parse_opts(opts), opts):
+        for parts, value, item in parse_items(opts):
             self._set(parts, value, item)
             self.overrides.append(item)
 
+    def merge_from_list_or_dict(self, cfg_opts: Sequence[str] | Mapping[str, Any], overwrite: bool = True) -> None:
+        """HAT's spelling: merge ``[key, value, key, value ...]`` or ``{key: value}`` in place.
+
+        String values are read as in :meth:`merge_opts`; other values are used as they are.
+        With ``overwrite=False`` keys that already exist keep their value.
+
+        >>> cfg = Config({"model": {"depth": 18}})
+        >>> cfg.merge_from_list_or_dict(["model.depth", "50", "model.width", "64"])
+        >>> cfg.merge_from_list_or_dict({"model.depth": 101}, overwrite=False)
+        >>> cfg["model"]
+        {'depth': 50, 'width': 64}
+        """
+        if isinstance(cfg_opts, Mapping):
+            pairs = [(str(k), v) for k, v in cfg_opts.items()]
+        else:
+            items = list(cfg_opts)
+            if len(items) % 2:
+                raise ConfigError(f"merge_from_list_or_dict: {items!r} has an odd length; give key, value pairs.")
+            pairs = list(zip(items[0::2], items[1::2]))
+        for key, value in pairs:
+            parts = split_key(key, key)
+            if not overwrite and self._exists(parts):
+                continue
+            self._set(parts, literal(value) if isinstance(value, str) else value, f"{key} {value!r}")
+            self.overrides.append(f"{key} {value!r}")
+
+    def _exists(self, parts: list[str | int]) -> bool:
+        return path_exists(self._data, parts)
+
     def _set(self, parts: list[str | int], value: Any, item: str) -> None:
-        node: Any = self._data
-        for depth, part in enumerate(parts):
-            last = depth == len(parts) - 1
-            where = _format_path(parts[: depth + 1])
-            if isinstance(node, Mapping) and not isinstance(part, int):
-                if last:
-                    node[part] = value  # type: ignore[index]
-                    return
-                if part not in node:
-                    close = difflib.get_close_matches(part, [str(k) for k in node], n=3)
-                    hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
-                    raise ConfigError(f"--opts item {item!r}: {self.filename} has no key {where!r}.{hint}")
-                node = node[part]
-            elif isinstance(node, list) and isinstance(part, int):
-                if not -len(node) <= part < len(node):
-                    raise ConfigError(
-                        f"--opts item {item!r}: index {part} is out of range at {where!r} (a list of {len(node)})."
-                    )
-                if last:
-                    node[part] = value
-                    return
-                node = node[part]
-            else:
-                kind = "an index" if isinstance(part, int) else "a key"
-                raise ConfigError(
-                    f"--opts item {item!r}: {where!r} uses {kind} on a {type(node).__name__} value "
-                    f"({node!r:.60}); only dicts have keys and lists have indexes."
-                )
+        set_path(self._data, parts, value, item, self.filename)
 
     def relocate_paths(self, old: str, new: str) -> int:
         """Move every string path at or under ``old`` to the same place under ``new``, in place.

@@ -37,7 +37,7 @@ import inspect
 from collections.abc import Mapping
 from typing import Any, Callable, Iterable
 
-from hat_ignite.builtin_names import BUILTIN_OBJECTS
+from hat_ignite.builtin_names import BUILTIN_OBJECTS, NOT_PROVIDED
 from hat_ignite.errors import ConfigError, HatIgniteError
 
 __all__ = ["Registry", "OBJECT_REGISTRY", "BUILTIN_OBJECTS", "build_from_cfg", "config_error"]
@@ -108,7 +108,7 @@ class Registry:
         ...         self.size = size
         >>> reg.build({"type": "Box", "size": 3}).size
         3
-        >>> reg.register_module("Crate", Box)
+        >>> _ = reg.register_module("Crate", Box)
         >>> sorted(reg.names())
         ['Box', 'Crate']
     """
@@ -121,35 +121,62 @@ class Registry:
     def register(self, obj: Any = None, *, name: str | None = None) -> Any:
         """Register a class or function under its ``__name__`` (or ``name``).
 
-        Usable as ``@registry.register``, ``@registry.register(name="alias")`` or
-        ``registry.register(obj)``; returns the object unchanged.
+        Usable as ``@registry.register``, ``@registry.register()``, ``@registry.register(name="alias")``,
+        ``registry.register(obj)`` or ``registry.register(obj, name="alias")``, as in HAT; returns
+        the object unchanged (or, without ``obj``, the decorator).
         """
         if obj is None:
             return lambda o: self.register(o, name=name)
-        self.register_module(name or obj.__name__, obj)
+        self._add(name or getattr(obj, "__name__", None), obj)
         return obj
 
-    def register_module(self, name: str, obj: Any) -> None:
-        """Register ``obj`` under ``name``.
+    def register_module(self, *args: Any, **kwargs: Any) -> Any:
+        """Register an object; HAT's and MMEngine's spellings as well as ``(name, obj)``.
+
+        ``register_module(obj)``, ``@register_module``, ``@register_module()`` and
+        ``register_module(obj, name=...)`` behave as :meth:`register`;
+        ``register_module("Name", obj)`` registers ``obj`` as ``Name``.
 
         Raises:
-            ConfigError: ``name`` is already registered or is not a plain identifier.
+            ConfigError: the name is already registered to another object or is not an identifier.
         """
+        if len(args) == 2 and isinstance(args[0], str) and not kwargs:
+            self._add(args[0], args[1])
+            return args[1]
+        if len(args) > 1 or set(kwargs) - {"obj", "name"}:
+            raise ConfigError(
+                f"{self.name} registry: register_module takes (obj), (obj, name=...), (name=...) or "
+                f"(name, obj), got {len(args)} positional and {sorted(kwargs)} keyword arguments."
+            )
+        return self.register(*args, **kwargs)
+
+    def alias(self, name: str) -> Callable[[Any], Any]:
+        """A decorator registering its object under the extra name ``name`` (HAT's ``alias``)."""
+        return lambda obj: self.register(obj, name=name)
+
+    def _add(self, name: Any, obj: Any) -> None:
         if not isinstance(name, str) or not name.isidentifier():
             raise ConfigError(f"{self.name} registry: a name must be an identifier, got {name!r}.")
+        if not callable(obj):
+            raise ConfigError(f"{self.name} registry: {name!r} must be a class or function, got {obj!r}.")
+        old = self._objects.get(name)
+        if old is not None and _same_definition(old, obj):
+            self._objects[name] = obj  # the same module run again (a config loaded twice): keep the newest
+            return
         if name in self:
-            old = self._objects.get(name)
-            where = f"{old.__module__}.{old.__qualname__}" if old is not None else self._builtins[name].replace(":", ".")
+            where = _qualified(old) if old is not None else self._builtins[name].replace(":", ".")
             raise ConfigError(
                 f"{self.name} registry: {name!r} is already registered (as {where}). "
                 f"Pick another name, e.g. register(obj, name='My{name}')."
             )
-        if not callable(obj):
-            raise ConfigError(f"{self.name} registry: {name!r} must be a class or function, got {obj!r}.")
         self._objects[name] = obj
 
     def __contains__(self, name: object) -> bool:
         return name in self._objects or name in self._builtins
+
+    def keys(self) -> list[str]:
+        """Every registered name (HAT's spelling of :meth:`names`)."""
+        return self.names()
 
     def names(self) -> list[str]:
         """Every registered name, built-in ones first."""
@@ -169,6 +196,8 @@ class Registry:
 
     def unknown_name_message(self, name: str) -> str:
         """Say that ``name`` is unknown and list the closest registered names."""
+        if name in NOT_PROVIDED:
+            return f"type {name!r} is a HAT class hat-ignite does not provide: {NOT_PROVIDED[name]}."
         names = self.names()
         close = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
         close += [n for n in names if n.lower() == name.lower() and n not in close]
@@ -212,6 +241,17 @@ class Registry:
         return _Builder(self).build(cfg, key_path, default_args)
 
 
+def _qualified(obj: Any) -> str:
+    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
+
+
+def _same_definition(old: Any, new: Any) -> bool:
+    """Whether ``new`` is ``old`` or the same definition made again (same module and qualified name)."""
+    return old is new or (
+        getattr(old, "__module__", None) is not None and _qualified(old) == _qualified(new)
+    )
+
+
 def _signature_text(obj: Any) -> str:
     """``Name(arg: type = default, ...)``, with string annotations resolved where possible."""
     try:
@@ -236,6 +276,46 @@ def _is_deferred_optimizer(target: Any, cfg: Mapping) -> bool:
     return issubclass(target, torch.optim.Optimizer)
 
 
+def _is_subclass(target: Any, module: str, name: str) -> bool:
+    """``issubclass(target, module.name)``, importing ``module`` only when it already is imported."""
+    import sys
+
+    base = getattr(sys.modules.get(module), name, None)
+    return isinstance(target, type) and base is not None and issubclass(target, base)
+
+
+def _loader_sampler_args(target: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """HAT's sampler idiom: a DataLoader's ``sampler`` config gets the loader's ``dataset``.
+
+    ``dict(type=DataLoader, dataset=..., sampler=dict(type=DistributedSampler), shuffle=True)``
+    builds the sampler on the same dataset object and the loader with ``shuffle=False`` (the
+    sampler decides the order), as HAT does.
+    """
+    if not _is_subclass(target, "torch.utils.data", "DataLoader"):
+        return kwargs
+    sampler = kwargs["sampler"]
+    kwargs = dict(kwargs)
+    if "dataset" not in sampler and "dataset" in kwargs:
+        kwargs["sampler"] = {**sampler, "dataset": kwargs["dataset"]}  # the same dataset dict: built once
+    kwargs["shuffle"] = False
+    return kwargs
+
+
+def _distributed_sampler_args(target: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A ``DistributedSampler`` built outside a process group: one replica, rank 0.
+
+    torch reads ``num_replicas``/``rank`` from the default process group and fails without one;
+    a single-process run (no group) has exactly one replica.
+    """
+    if not _is_subclass(target, "torch.utils.data", "DistributedSampler"):
+        return kwargs
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return kwargs  # torch takes them from the group
+    return {"num_replicas": 1, "rank": 0, **kwargs}
+
+
 class _Builder:
     """One build: depth-first, with a memo so a dict object shared in the config is built once."""
 
@@ -254,6 +334,10 @@ class _Builder:
         kwargs = {k: v for k, v in cfg.items() if k != "type"}
         for k, v in (default_args or {}).items():
             kwargs.setdefault(k, v)
+        if isinstance(kwargs.get("sampler"), Mapping) and "type" in kwargs["sampler"]:
+            kwargs = _loader_sampler_args(target, kwargs)
+        elif "num_replicas" not in kwargs or "rank" not in kwargs:
+            kwargs = _distributed_sampler_args(target, kwargs)
         for k in kwargs:
             if not isinstance(k, str):
                 raise config_error(key_path, f"argument names must be strings, got {k!r}.")

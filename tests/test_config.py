@@ -79,7 +79,7 @@ def test_opts_set_nested_keys_list_items_and_new_leaf_keys(cfg):
 
 
 @pytest.mark.parametrize("item, message", [
-    ("num_epochs", r"--opts item 'num_epochs' has no '='\. Expected KEY=VALUE"),
+    ("num_epochs", r"--opts item 'num_epochs' has no value: .* Expected KEY=VALUE or KEY VALUE pairs"),
     ("=3", r"'' is not a key path"),
     ("a..b=1", r"'a\.\.b' is not a key path"),
     ("a[x]=1", r"'a\[x\]' is not a key path"),

@@ -11,6 +11,7 @@ import torch
 
 from hat_ignite.errors import ConfigError
 from hat_ignite.optimizers import build_optimizer
+from hat_ignite.builtin_names import HAT_ALIASES
 from hat_ignite.registry import BUILTIN_OBJECTS, OBJECT_REGISTRY, Registry, build_from_cfg
 
 # Class and function names of HAT's engine and callbacks APIs, and the HAT metrics configs use.
@@ -24,8 +25,8 @@ SEED_NAMES = [
     "SaveTraced", "StatsMonitor", "StepDecayLrUpdater", "TensorBoard", "Validation",
     "Accuracy", "TopKAccuracy", "LossShow", "MeanIoU",
 ]
-# Table names that are HAT's other spelling of a class.
-ALIASES = {"MeanIOU"}
+# Table names that are HAT's other spelling of a class (its snake-case engine aliases too).
+ALIASES = {"MeanIOU", *HAT_ALIASES}
 # Interfaces that are not built from configs.
 NOT_BUILDABLE = {"BatchProcessorMixin"}
 

@@ -1,0 +1,223 @@
+"""``import hat`` for HAT configs and callback files: a virtual ``hat`` package serving hat-ignite.
+
+HAT configs and user modules import from HAT: ``from hat.registry import OBJECT_REGISTRY``,
+``from hat.engine.processors.loss_collector import collect_loss_by_index``,
+``from hat.callbacks import CallbackMixin``. :func:`install_hat_alias` adds an import hook
+(a ``sys.meta_path`` finder) that serves every ``hat.*`` module as a virtual package whose names
+are hat-ignite's objects (the table is :data:`hat_ignite.hat_alias_names.HAT_MODULES`). So a
+class registered with ``hat.registry.OBJECT_REGISTRY`` is registered with
+:data:`hat_ignite.registry.OBJECT_REGISTRY`, and ``hat.callbacks.CallbackMixin`` *is*
+:class:`hat_ignite.callbacks.CallbackMixin`.
+
+* Opt-in: importing hat-ignite installs nothing. ``hat-train`` / ``hat-predict`` install it
+  unless given ``--no-hat-alias``; Python code calls :func:`install_hat_alias` itself.
+* It never shadows HAT: when a real ``hat`` package is importable, nothing is installed and
+  the returned :class:`HatSource` says which ``hat`` is used. The finder sits last on
+  ``sys.meta_path``, so a ``hat`` on ``sys.path`` wins even if it appears later.
+* Names hat-ignite does not provide (``hat.models.backbones.ResNet18``, ``hat.data...``) fail
+  when imported, with a message naming the missing name and how to register one of your own.
+
+Example:
+    >>> source = install_hat_alias()
+    >>> source.alias
+    True
+    >>> from hat.registry import OBJECT_REGISTRY
+    >>> from hat_ignite import registry
+    >>> OBJECT_REGISTRY is registry.OBJECT_REGISTRY
+    True
+    >>> from hat.models.backbones import ResNet18
+    Traceback (most recent call last):
+    ...
+    ImportError: hat.models.backbones.ResNet18: HAT's model zoo is not part of hat-ignite...
+    >>> uninstall_hat_alias()
+    >>> import sys; "hat" in sys.modules
+    False
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import sys
+import types
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from hat_ignite.hat_alias_names import HAT_MODULES, MODEL_ZOO_PREFIXES
+
+__all__ = [
+    "HatSource", "install_hat_alias", "uninstall_hat_alias", "hat_alias_installed",
+    "hat_build_from_cfg", "build_from_registry", "get_dist_info",
+]
+
+_MARK = "__hat_ignite_alias__"
+
+
+@dataclass(frozen=True)
+class HatSource:
+    """Which ``hat`` package ``import hat`` gives.
+
+    Attributes:
+        alias: ``True`` when hat-ignite's virtual package serves ``hat.*``.
+        where: the real package's location, or ``"hat_ignite.hat_alias"``.
+    """
+
+    alias: bool
+    where: str
+
+    def __str__(self) -> str:
+        if self.alias:
+            return "hat.* imports are served by hat-ignite (hat_ignite.hat_alias)"
+        return f"hat.* imports use the installed HAT package at {self.where}"
+
+
+def _import_target(path: str) -> Any:
+    module_name, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module_name), attr)
+
+
+def _missing_message(module_name: str, attr: str, exports: Mapping[str, str]) -> str:
+    full = f"{module_name}.{attr}"
+    if exports:
+        close = difflib.get_close_matches(attr, list(exports), n=3, cutoff=0.6)
+        hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
+        offered = ", ".join(n for n in exports if not n.startswith("_"))
+        head = f"{full}: hat-ignite's {module_name} provides {offered}; not {attr!r}.{hint}"
+    else:
+        what = next(
+            label for prefix, label in MODEL_ZOO_PREFIXES.items()
+            if module_name == prefix or module_name.startswith(prefix + ".")
+        )
+        head = f"{full}: {what} is not part of hat-ignite (only HAT's engine, callbacks and registry are)."
+    return (
+        f"{head} Define {attr!r} in a module of your own, register it with "
+        f"`from hat.registry import OBJECT_REGISTRY` and `@OBJECT_REGISTRY.register`, import that module "
+        f"in the config (next to it: `from .my_models import {attr}` or `import my_pkg.models`), and use "
+        f"type={attr!r}. Or install HAT itself: a real `hat` package is used whenever it is importable."
+    )
+
+
+def _module_getattr(module: types.ModuleType, exports: Mapping[str, str]) -> Any:
+    """The ``__getattr__`` of a virtual module: imports its names on first use."""
+    module_name = module.__name__
+
+    def __getattr__(attr: str) -> Any:
+        if attr in exports:
+            value = _import_target(exports[attr])
+            setattr(module, attr, value)
+            return value
+        child = f"{module_name}.{attr}"
+        if child in HAT_MODULES:
+            return importlib.import_module(child)
+        if attr.startswith("_"):
+            raise AttributeError(f"module {module_name!r} has no attribute {attr!r}")
+        # an ImportError (not AttributeError) so that `from hat.x import Name` shows this message
+        raise ImportError(_missing_message(module_name, attr, exports), name=module_name)
+
+    return __getattr__
+
+
+class _HatFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finds and makes the virtual ``hat.*`` packages."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname != "hat" and not fullname.startswith("hat."):
+            return None
+        return importlib.machinery.ModuleSpec(fullname, self, origin="hat_ignite.hat_alias", is_package=True)
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
+        return None  # the default module object
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        name = module.__name__
+        exports = HAT_MODULES.get(name, {})
+        module.__path__ = []  # a package: its children are served by this finder too
+        module.__doc__ = f"hat-ignite's stand-in for HAT's {name} (see hat_ignite.hat_alias)."
+        module.__all__ = [n for n in exports if not n.startswith("_")]
+        setattr(module, _MARK, True)
+        module.__getattr__ = _module_getattr(module, exports)  # type: ignore[attr-defined]
+        module.__dir__ = lambda: sorted(set(module.__dict__) | set(exports))  # type: ignore[attr-defined]
+
+
+def hat_alias_installed() -> bool:
+    """Whether the hook is on ``sys.meta_path``."""
+    return any(isinstance(finder, _HatFinder) for finder in sys.meta_path)
+
+
+def _real_hat() -> str | None:
+    """Where an importable ``hat`` that is not ours lives, or ``None``."""
+    loaded = sys.modules.get("hat")
+    if loaded is not None:
+        return None if getattr(loaded, _MARK, False) else str(getattr(loaded, "__file__", None) or loaded)
+    if hat_alias_installed():
+        return None
+    try:
+        spec = importlib.util.find_spec("hat")
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    return spec.origin or ", ".join(spec.submodule_search_locations or []) or "hat"
+
+
+def install_hat_alias() -> HatSource:
+    """Serve ``import hat`` / ``from hat.* import ...`` from hat-ignite, unless HAT is importable.
+
+    Idempotent. Returns which ``hat`` imports now give.
+    """
+    real = _real_hat()
+    if real is not None:
+        return HatSource(alias=False, where=real)
+    if not hat_alias_installed():
+        sys.meta_path.append(_HatFinder())
+    return HatSource(alias=True, where="hat_ignite.hat_alias")
+
+
+def uninstall_hat_alias() -> None:
+    """Remove the hook and the virtual ``hat.*`` modules imported so far (idempotent)."""
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _HatFinder)]
+    for name in [n for n, m in sys.modules.items() if (n == "hat" or n.startswith("hat.")) and getattr(m, _MARK, False)]:
+        del sys.modules[name]
+
+
+# -- HAT functions whose signature differs from hat-ignite's ----------------------------------
+def hat_build_from_cfg(registry: Any, cfg: Mapping[str, Any]) -> Any:
+    """HAT's ``build_from_cfg(registry, cfg)``: build one object, its arguments as they are.
+
+    Example:
+        >>> from hat_ignite.registry import OBJECT_REGISTRY
+        >>> hat_build_from_cfg(OBJECT_REGISTRY, {"type": "fractions.Fraction", "numerator": 1, "denominator": 4})
+        Fraction(1, 4)
+    """
+    from hat_ignite.registry import Registry
+
+    if not isinstance(registry, Registry):
+        raise TypeError(f"build_from_cfg(registry, cfg): expected a Registry first, got {type(registry).__name__}.")
+    if not isinstance(cfg, Mapping) or "type" not in cfg:
+        raise TypeError(f"build_from_cfg(registry, cfg): cfg must be a dict with a 'type' key, got {cfg!r:.80}.")
+    target = registry.resolve(cfg["type"])
+    return target(**{k: v for k, v in cfg.items() if k != "type"})
+
+
+def build_from_registry(cfg: Any) -> Any:
+    """HAT's ``build_from_registry(x)``: build every ``type`` dict in ``x``, depth first."""
+    from hat_ignite.registry import build_from_cfg
+
+    return build_from_cfg(cfg)
+
+
+def get_dist_info() -> tuple[int, int]:
+    """HAT's ``get_dist_info()``: ``(rank, world_size)``; ``(0, 1)`` outside a process group.
+
+    Example:
+        >>> get_dist_info()
+        (0, 1)
+    """
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1

@@ -1,0 +1,133 @@
+"""What the virtual ``hat`` package serves: HAT module name -> the names it re-exports from hat-ignite.
+
+Each entry maps a ``hat.*`` module that HAT configs and user callback files import from to
+``{name: "hat_ignite.module:attribute"}``. Names are imported when first used, so importing
+``hat.engine`` imports nothing heavy. A module listed here with a dotted child listed too
+(``hat.engine`` and ``hat.engine.processors``) also serves the child as an attribute.
+
+Importing this table imports nothing.
+"""
+
+from __future__ import annotations
+
+__all__ = ["HAT_MODULES", "MODEL_ZOO_PREFIXES"]
+
+_ENGINE = {
+    "LoopBase": "hat_ignite.engine.loop:LoopBase",
+    "Trainer": "hat_ignite.engine.trainer:Trainer",
+    "Predictor": "hat_ignite.engine.predictor:Predictor",
+    "Calibrator": "hat_ignite.engine.calibrator:Calibrator",
+    "DistributedDataParallelTrainer": "hat_ignite.engine.ddp_trainer:DistributedDataParallelTrainer",
+    "DataParallelTrainer": "hat_ignite.engine.ddp_trainer:DataParallelTrainer",
+    "build_launcher": "hat_ignite.engine.launcher:build_launcher",
+}
+_PROCESSORS = {
+    "BatchProcessorMixin": "hat_ignite.engine.processors.base:BatchProcessorMixin",
+    "BasicBatchProcessor": "hat_ignite.engine.processors.basic:BasicBatchProcessor",
+    "MultiBatchProcessor": "hat_ignite.engine.processors.multi:MultiBatchProcessor",
+    "collect_loss_by_index": "hat_ignite.engine.processors.loss_collectors:collect_loss_by_index",
+    "collect_loss_by_regex": "hat_ignite.engine.processors.loss_collectors:collect_loss_by_regex",
+}
+_LOSS_COLLECTORS = {k: v for k, v in _PROCESSORS.items() if k.startswith("collect_")}
+_LR_UPDATERS = {
+    name: f"hat_ignite.callbacks.lr_updater:{name}"
+    for name in (
+        "StepDecayLrUpdater", "CosLrUpdater", "CosineAnnealingLrUpdater", "PolyLrUpdater", "OneCycleUpdater",
+        "CyclicLrUpdater", "NoamLrUpdater",
+    )
+}
+_LR_UPDATERS["LrUpdaterBase"] = "hat_ignite.callbacks.lr_updater_base:LrUpdaterBase"
+_CALLBACK_MODULES: dict[str, dict[str, str]] = {
+    "hat.callbacks.callbacks": {"CallbackMixin": "hat_ignite.callbacks.base:CallbackMixin"},
+    "hat.callbacks.checkpoint": {
+        "Checkpoint": "hat_ignite.callbacks.checkpoint:Checkpoint",
+        "LoadCheckpoint": "hat_ignite.callbacks.checkpoint_state:LoadCheckpoint",
+    },
+    "hat.callbacks.lr_updater": _LR_UPDATERS,
+    "hat.callbacks.metric_updater": {"MetricUpdater": "hat_ignite.callbacks.metric_updater:MetricUpdater"},
+    "hat.callbacks.monitor": {"StatsMonitor": "hat_ignite.callbacks.stats_monitor:StatsMonitor"},
+    "hat.callbacks.validation": {"Validation": "hat_ignite.callbacks.validation:Validation"},
+    "hat.callbacks.mean_teacher": {"MeanTeacherValidation": "hat_ignite.callbacks.validation:MeanTeacherValidation"},
+    "hat.callbacks.exponential_moving_average": {
+        "ExponentialMovingAverage": "hat_ignite.callbacks.ema:ExponentialMovingAverage",
+    },
+    "hat.callbacks.freeze_bn": {
+        "FreezeBNStatistics": "hat_ignite.callbacks.freeze:FreezeBNStatistics",
+        "FreezeModule": "hat_ignite.callbacks.freeze:FreezeModule",
+    },
+    "hat.callbacks.grad_scale": {"GradScale": "hat_ignite.callbacks.grad_scale:GradScale"},
+    "hat.callbacks.tensorboard": {"TensorBoard": "hat_ignite.callbacks.tensorboard:TensorBoard"},
+    "hat.callbacks.save_traced": {"SaveTraced": "hat_ignite.callbacks.save_traced:SaveTraced"},
+}
+_CALLBACKS = {name: path for names in _CALLBACK_MODULES.values() for name, path in names.items()}
+_CALLBACKS["FuseBN"] = "hat_ignite.callbacks.fuse_bn:FuseBN"
+_METRICS = {
+    "EvalMetric": "hat_ignite.metrics.base:EvalMetric",
+    "Accuracy": "hat_ignite.metrics.classification:Accuracy",
+    "TopKAccuracy": "hat_ignite.metrics.classification:TopKAccuracy",
+    "LossShow": "hat_ignite.metrics.loss:LossShow",
+    "MeanIOU": "hat_ignite.metrics.segmentation:MeanIOU",
+    "MeanIoU": "hat_ignite.metrics.segmentation:MeanIoU",
+    "MeanAveragePrecision": "hat_ignite.metrics.average_precision:MeanAveragePrecision",
+}
+_CONVERTERS = {
+    "ModelConvertPipeline": "hat_ignite.quantization.pipeline:ModelConvertPipeline",
+    "LoadCheckpoint": "hat_ignite.callbacks.checkpoint_state:LoadCheckpoint",
+    **{
+        name: f"hat_ignite.quantization.converters:{name}"
+        for name in ("Float2Calibration", "Float2QAT", "Calibration2QAT", "QAT2Quantize", "Calibration2Quantize")
+    },
+}
+_REGISTRY = {
+    "Registry": "hat_ignite.registry:Registry",
+    "OBJECT_REGISTRY": "hat_ignite.registry:OBJECT_REGISTRY",
+    "build_from_cfg": "hat_ignite.hat_alias:hat_build_from_cfg",
+    "build_from_registry": "hat_ignite.hat_alias:build_from_registry",
+}
+
+#: ``hat.*`` module -> ``{name: "hat_ignite.module:attribute"}``.
+HAT_MODULES: dict[str, dict[str, str]] = {
+    "hat": {"__version__": "hat_ignite:__version__"},
+    "hat.registry": _REGISTRY,
+    "hat.engine": _ENGINE,
+    "hat.engine.trainer": {"Trainer": _ENGINE["Trainer"]},
+    "hat.engine.predictor": {"Predictor": _ENGINE["Predictor"]},
+    "hat.engine.calibrator": {"Calibrator": _ENGINE["Calibrator"]},
+    "hat.engine.loop_base": {"LoopBase": _ENGINE["LoopBase"]},
+    "hat.engine.ddp_trainer": {"DistributedDataParallelTrainer": _ENGINE["DistributedDataParallelTrainer"]},
+    "hat.engine.dp_trainer": {"DataParallelTrainer": _ENGINE["DataParallelTrainer"]},
+    "hat.engine.launcher": {"build_launcher": _ENGINE["build_launcher"]},
+    "hat.engine.processors": _PROCESSORS,
+    "hat.engine.processors.processor": {k: v for k, v in _PROCESSORS.items() if not k.startswith("collect_")},
+    "hat.engine.processors.loss_collector": _LOSS_COLLECTORS,
+    "hat.callbacks": _CALLBACKS,
+    **_CALLBACK_MODULES,
+    "hat.metrics": _METRICS,
+    "hat.metrics.metric": {"EvalMetric": _METRICS["EvalMetric"]},
+    "hat.metrics.acc": {k: _METRICS[k] for k in ("Accuracy", "TopKAccuracy")},
+    "hat.metrics.loss_show": {"LossShow": _METRICS["LossShow"]},
+    "hat.metrics.mean_iou": {"MeanIOU": _METRICS["MeanIOU"]},
+    "hat.core": {},
+    "hat.core.task_sampler": {"TaskSampler": "hat_ignite.engine.task_sampler:TaskSampler"},
+    "hat.models": {},
+    "hat.models.model_convert": _CONVERTERS,
+    "hat.models.model_convert.converters": {k: v for k, v in _CONVERTERS.items() if k != "ModelConvertPipeline"},
+    "hat.models.model_convert.pipelines": {"ModelConvertPipeline": _CONVERTERS["ModelConvertPipeline"]},
+    "hat.utils": {},
+    "hat.utils.config": {
+        "Config": "hat_ignite.config:Config",
+        "ConfigVersion": "hat_ignite.config:ConfigVersion",
+    },
+    "hat.utils.distributed": {"get_dist_info": "hat_ignite.hat_alias:get_dist_info"},
+}
+
+#: HAT packages of models, data and ops that hat-ignite does not provide: what to do instead.
+MODEL_ZOO_PREFIXES: dict[str, str] = {
+    "hat.models": "HAT's model zoo",
+    "hat.data": "HAT's datasets, transforms and collates",
+    "hat.core": "HAT's task utilities",
+    "hat.metrics": "HAT's task metrics",
+    "hat.callbacks": "HAT's task callbacks",
+    "hat.utils": "HAT's utilities",
+    "hat": "HAT",
+}
