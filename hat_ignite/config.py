@@ -85,7 +85,14 @@ def _exec_error(path: str, exc: BaseException) -> ConfigError:
         if frame.filename == path:
             line = frame.lineno
     where = f"{path}:{line}" if line else path
-    return ConfigError(f"{where}: running the config raised {type(exc).__name__}: {exc}")
+    hint = ""
+    if isinstance(exc, ModuleNotFoundError) and (exc.name == "hat" or str(exc.name).startswith("hat.")):
+        hint = (
+            " The config (or a module it imports) imports from HAT: install HAT, or let hat-ignite serve "
+            "hat.* (hat-train/hat-predict do unless --no-hat-alias; in Python call "
+            "hat_ignite.hat_alias.install_hat_alias())."
+        )
+    return ConfigError(f"{where}: running the config raised {type(exc).__name__}: {exc}.{hint}")
 
 
 class Config(Mapping):

@@ -37,6 +37,7 @@ import inspect
 from collections.abc import Mapping
 from typing import Any, Callable, Iterable
 
+from hat_ignite.build_data import distributed_sampler_args, loader_sampler_args
 from hat_ignite.builtin_names import BUILTIN_OBJECTS, NOT_PROVIDED
 from hat_ignite.errors import ConfigError, HatIgniteError
 
@@ -265,6 +266,18 @@ def _signature_text(obj: Any) -> str:
     return f"{getattr(obj, '__qualname__', obj)}{signature}"
 
 
+def _unknown_argument_hint(signature: inspect.Signature, kwargs: Mapping[str, Any]) -> str:
+    """`` Did you mean 'num_epochs' for 'num_epoch'?`` for arguments the signature does not name."""
+    names = [n for n, p in signature.parameters.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    hints = []
+    for key in kwargs:
+        if key not in signature.parameters:
+            close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
+            if close:
+                hints.append(f"{close[0]!r} for {key!r}")
+    return f" Did you mean {', '.join(hints)}?" if hints else ""
+
+
 def _is_deferred_optimizer(target: Any, cfg: Mapping) -> bool:
     """An optimizer config whose ``params`` need the model (absent, or name-pattern groups)."""
     if isinstance(cfg.get("params"), Iterable) and not isinstance(cfg.get("params"), Mapping):
@@ -274,46 +287,6 @@ def _is_deferred_optimizer(target: Any, cfg: Mapping) -> bool:
     import torch  # only needed when a config holds an optimizer
 
     return issubclass(target, torch.optim.Optimizer)
-
-
-def _is_subclass(target: Any, module: str, name: str) -> bool:
-    """``issubclass(target, module.name)``, importing ``module`` only when it already is imported."""
-    import sys
-
-    base = getattr(sys.modules.get(module), name, None)
-    return isinstance(target, type) and base is not None and issubclass(target, base)
-
-
-def _loader_sampler_args(target: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """HAT's sampler idiom: a DataLoader's ``sampler`` config gets the loader's ``dataset``.
-
-    ``dict(type=DataLoader, dataset=..., sampler=dict(type=DistributedSampler), shuffle=True)``
-    builds the sampler on the same dataset object and the loader with ``shuffle=False`` (the
-    sampler decides the order), as HAT does.
-    """
-    if not _is_subclass(target, "torch.utils.data", "DataLoader"):
-        return kwargs
-    sampler = kwargs["sampler"]
-    kwargs = dict(kwargs)
-    if "dataset" not in sampler and "dataset" in kwargs:
-        kwargs["sampler"] = {**sampler, "dataset": kwargs["dataset"]}  # the same dataset dict: built once
-    kwargs["shuffle"] = False
-    return kwargs
-
-
-def _distributed_sampler_args(target: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """A ``DistributedSampler`` built outside a process group: one replica, rank 0.
-
-    torch reads ``num_replicas``/``rank`` from the default process group and fails without one;
-    a single-process run (no group) has exactly one replica.
-    """
-    if not _is_subclass(target, "torch.utils.data", "DistributedSampler"):
-        return kwargs
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return kwargs  # torch takes them from the group
-    return {"num_replicas": 1, "rank": 0, **kwargs}
 
 
 class _Builder:
@@ -335,9 +308,9 @@ class _Builder:
         for k, v in (default_args or {}).items():
             kwargs.setdefault(k, v)
         if isinstance(kwargs.get("sampler"), Mapping) and "type" in kwargs["sampler"]:
-            kwargs = _loader_sampler_args(target, kwargs)
+            kwargs = loader_sampler_args(target, kwargs)
         elif "num_replicas" not in kwargs or "rank" not in kwargs:
-            kwargs = _distributed_sampler_args(target, kwargs)
+            kwargs = distributed_sampler_args(target, kwargs)
         for k in kwargs:
             if not isinstance(k, str):
                 raise config_error(key_path, f"argument names must be strings, got {k!r}.")
@@ -371,7 +344,8 @@ class _Builder:
             if signature is not None:
                 signature.bind(**kwargs)
         except TypeError as exc:
-            detail = f"cannot build {name}: {exc}. Its signature is {_signature_text(target)}."
+            hint = _unknown_argument_hint(signature, kwargs) if signature is not None else ""
+            detail = f"cannot build {name}: {exc}.{hint} Its signature is {_signature_text(target)}."
             raise config_error(key_path, detail) from None
         try:
             return target(**kwargs)

@@ -105,7 +105,7 @@ def test_unknown_stage_lists_the_existing_ones(tmp_path, capsys):
 @pytest.mark.parametrize("tool, args, message", [
     (train_cli, ["{missing}"], "does not exist. Pass the path of a .py config file"),
     (train_cli, ["{broken}"], "broken.py:2: syntax error"),
-    (train_cli, ["{config}", "--opts", "float_trainer.num_epochs"], "--opts item 'float_trainer.num_epochs' has no '='"),
+    (train_cli, ["{config}", "--opts", "float_trainer.num_epochs"], "--opts item 'float_trainer.num_epochs' has no value"),
     (train_cli, ["{config}", "--opts", "float_trainer.callbacks[0].type=StatMonitor"],
      "float_trainer.callbacks[0].type: unknown type 'StatMonitor'"),
     (train_cli, ["{config}", "--opts", "float_trainer.num_epochs=-1"],

@@ -215,3 +215,91 @@ def test_the_docs_api_map_lists_every_registered_name():
 
     text = (ROOT / "docs" / "config.md").read_text()
     assert [name for name in BUILTIN_OBJECTS if f"`{name}`" not in text] == []
+
+
+def test_hat_registration_spellings():
+    """HAT's forms: @register, register(obj, name=...), @register(name=...), @alias, @register_module."""
+    reg = Registry("hat-style")
+
+    @reg.register
+    @reg.alias("box_alias")
+    class Box:
+        def __init__(self, size: int = 1) -> None:
+            self.size = size
+
+    @reg.register_module
+    class Bag(Box):
+        pass
+
+    @reg.register_module()  # MMEngine's spelling
+    class Bin(Box):
+        pass
+
+    @reg.register(name="crate")
+    class Crate(Box):
+        pass
+
+    def make_box(size: int) -> Box:
+        return Box(size)
+
+    assert reg.register(make_box, name="make") is make_box
+    assert reg.register_module(make_box) is make_box
+    assert reg.register_module(make_box, name="make_again") is make_box
+    assert sorted(reg.keys()) == ["Bag", "Bin", "Box", "box_alias", "crate", "make", "make_again", "make_box"]
+    assert [type(reg.build({"type": n, "size": 2})).__name__ for n in ("Box", "box_alias", "Bag", "Bin", "crate")] == [
+        "Box", "Box", "Bag", "Bin", "Crate"]
+    assert reg.build({"type": "make", "size": 5}).size == 5
+    with pytest.raises(ConfigError, match="register_module takes"):
+        reg.register_module(Box, "x", "y")
+
+
+def test_running_a_module_again_re_registers_its_classes_without_error():
+    """A config (or module) executed twice defines its classes again: same module and name is no clash."""
+    reg = Registry("rerun")
+    source = "class Net:\n    pass\nreg.register(Net)\n"
+    first, second = {"reg": reg, "__name__": "user_models"}, {"reg": reg, "__name__": "user_models"}
+    exec(source, first)
+    exec(source, second)
+    assert reg.get("Net") is second["Net"]  # the newest definition
+    other = {"reg": reg, "__name__": "other_models"}
+    with pytest.raises(ConfigError, match=r"'Net' is already registered \(as user_models\.Net\)"):
+        exec(source, other)
+
+
+def test_hat_snake_case_engine_aliases_resolve_to_the_engines():
+    from hat_ignite.engine import DataParallelTrainer, DistributedDataParallelTrainer
+
+    assert OBJECT_REGISTRY.resolve("distributed_data_parallel_trainer") is DistributedDataParallelTrainer
+    assert OBJECT_REGISTRY.resolve("data_parallel_trainer") is DataParallelTrainer
+    with pytest.raises(ConfigError, match=r"type 'deepspeed_trainer' is a HAT class hat-ignite does not provide: "
+                                          r"DeepSpeed is not supported; use 'distributed_data_parallel_trainer'"):
+        build_from_cfg({"type": "deepspeed_trainer"})
+
+
+def test_a_typo_in_an_argument_name_names_the_closest_valid_one():
+    cfg = {"type": "torch.nn.Linear", "in_features": 2, "out_feature": 3}
+    with pytest.raises(ConfigError, match=r"layer: cannot build Linear: .*'out_features'\. Did you mean "
+                                          r"'out_features' for 'out_feature'\? Its signature is Linear\("):
+        build_from_cfg(cfg, key_path="layer")
+
+
+def test_hat_sampler_idiom_builds_the_sampler_on_the_loader_dataset():
+    """``sampler=dict(type=DistributedSampler)`` in a DataLoader config, as HAT configs write it."""
+    cfg = {
+        "type": torch.utils.data.DataLoader,
+        "dataset": {"type": "hat_ignite.data.digits:DigitsDataset", "split": "val"},
+        "sampler": {"type": torch.utils.data.DistributedSampler, "shuffle": False},
+        "batch_size": 4,
+        "shuffle": True,  # HAT turns it off: the sampler decides the order
+    }
+    loader = build_from_cfg(cfg)
+    assert isinstance(loader.sampler, torch.utils.data.DistributedSampler)
+    assert loader.sampler.dataset is loader.dataset  # one dataset object, built once
+    # no process group in this process: one replica, rank 0, every sample once in order
+    assert (loader.sampler.num_replicas, loader.sampler.rank) == (1, 0)
+    assert list(loader.sampler) == list(range(len(loader.dataset)))
+    assert sum(len(batch["labels"]) for batch in loader) == 360
+    assert "dataset" not in cfg["sampler"] and cfg["shuffle"] is True  # the config is not modified
+    explicit = build_from_cfg({"type": "torch.utils.data.DistributedSampler", "dataset": list(range(10)),
+                               "num_replicas": 2, "rank": 1, "shuffle": False})
+    assert list(explicit) == [1, 3, 5, 7, 9]

@@ -17,11 +17,13 @@ import traceback
 from collections.abc import Mapping
 from typing import Any, Callable, Sequence
 
+from hat_ignite.cli.describe import describe_engine
 from hat_ignite.config import Config
 from hat_ignite.errors import ConfigError, HatIgniteError
 
 __all__ = [
-    "CliError", "make_parser", "load_config", "build_stage", "run_main", "setup_logging", "attach_log_file",
+    "CliError", "make_parser", "parse_arguments", "use_hat_alias", "load_config", "build_stage", "run_main",
+    "setup_logging", "attach_log_file",
     "teardown_logging",
     "seed_everything", "WorkDir", "write_metrics", "describe_engine", "loss_value",
 ]
@@ -36,53 +38,98 @@ class CliError(Exception):
 
 
 # -- arguments --------------------------------------------------------------------------------
-def _stages_line(argv: Sequence[str]) -> str:
-    """A line listing the stages of the config named in ``argv``, for ``--help``."""
+_HAT_FORM = """HAT's command line works too: -c/--config CONFIG, -s/--stage STAGE,
+--opts KEY VALUE [KEY VALUE ...] (HAT's pairs, mixed freely with KEY=VALUE items) and
+MMEngine's --cfg-options. Configs may import from hat.* (see --no-hat-alias)."""
+
+
+def _peek(argv: Sequence[str]) -> argparse.Namespace:
     peek = argparse.ArgumentParser(add_help=False)
     peek.add_argument("config", nargs="?")
+    peek.add_argument("-c", "--config", dest="config_flag")
+    peek.add_argument("--no-hat-alias", action="store_true")
     known, _ = peek.parse_known_args(list(argv))
-    if not known.config:
+    return known
+
+
+def _stages_line(argv: Sequence[str]) -> str:
+    """A line listing the stages of the config named in ``argv``, for ``--help``."""
+    known = _peek(argv)
+    path = known.config_flag or known.config
+    if not path:
         return "Stages: give CONFIG before --help to list the stages it defines."
+    use_hat_alias(not known.no_hat_alias)
     try:
-        stages = Config.fromfile(known.config).stages()
+        stages = Config.fromfile(path).stages()
     except ConfigError as exc:
         return f"Stages: cannot list them, the config does not load: {exc}"
     listing = "; ".join(f"{name} ({', '.join(keys)})" for name, keys in stages.items()) or "none found"
-    return f"Stages in {known.config}: {listing}."
+    return f"Stages in {path}: {listing}."
 
 
 def make_parser(prog: str, description: str, argv: Sequence[str]) -> argparse.ArgumentParser:
     """The arguments both commands take; ``--help`` lists the stages of the given config.
 
     The config is read for the stage list only when help is asked for, so a normal run executes
-    the config file once.
+    the config file once. Parse with :func:`parse_arguments`, which settles ``args.config``.
     """
     stages_line = _stages_line(argv) if {"-h", "--help"} & set(argv) else None
     parser = argparse.ArgumentParser(
-        prog=prog, description=description, epilog=stages_line,
+        prog=prog, description=f"{description}\n\n{_HAT_FORM}", epilog=stages_line,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("config", help="path of the .py config file")
-    parser.add_argument("--stage", default="float", help="stage to run: its {stage}_trainer / {stage}_predictor key (default: float)")
+    parser.add_argument("config", nargs="?", help="path of the .py config file (or give it with -c/--config)")
+    parser.add_argument("-c", "--config", dest="config_flag", metavar="CONFIG", help="path of the .py config file (HAT's spelling)")
+    parser.add_argument("-s", "--stage", default="float", help="stage to run: its {stage}_trainer / {stage}_predictor key (default: float)")
     parser.add_argument(
-        "--opts", nargs="+", default=[], metavar="KEY=VALUE",
-        help="override config values, e.g. float_trainer.num_epochs=3 'model.hidden_features=[64, 64]'",
+        "--opts", "--cfg-options", dest="opts", nargs="+", action="extend", default=[], metavar="ITEM",
+        help="override config values: KEY=VALUE items or HAT's KEY VALUE pairs, e.g. "
+        "float_trainer.num_epochs=3 or float_trainer.num_epochs 3; values are Python literals, else strings",
     )
     parser.add_argument("--work-dir", help="directory for logs, checkpoints and metrics (default: the config's work_dir)")
+    parser.add_argument(
+        "--no-hat-alias", action="store_true",
+        help="do not serve `import hat` / `from hat.* import ...` from hat-ignite (see docs/hat-migration.md); "
+        "a real HAT install is always left alone",
+    )
     parser.add_argument("--debug", action="store_true", help="show tracebacks and debug log lines")
     return parser
 
 
-def load_config(path: str, opts: Sequence[str], work_dir: str | None) -> tuple[Config, str]:
+def parse_arguments(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
+    """Parse ``argv``; ``args.config`` is the config given positionally or with ``-c/--config``."""
+    args = parser.parse_args(list(argv))
+    if args.config and args.config_flag and args.config != args.config_flag:
+        parser.error(f"two configs given: {args.config} and -c/--config {args.config_flag}; give one.")
+    args.config = args.config or args.config_flag
+    if not args.config:
+        parser.error("the config is required: give CONFIG or -c/--config CONFIG.")
+    return args
+
+
+def use_hat_alias(enabled: bool) -> None:
+    """Install the ``hat`` import alias (unless disabled) and log which ``hat`` configs get."""
+    if not enabled:
+        logger.debug("hat.* import alias disabled (--no-hat-alias)")
+        return
+    from hat_ignite.hat_alias import install_hat_alias
+
+    logger.info("%s", install_hat_alias())
+
+
+def load_config(path: str, opts: Sequence[str], work_dir: str | None, hat_alias: bool = True) -> tuple[Config, str]:
     """Load the config, apply ``--opts``, and settle the work dir.
 
     The work dir is ``--work-dir``, else the config's ``work_dir`` key, else
     ``./work_dirs/<config name>``. When it differs from the ``work_dir`` the file sets, every
     string of the config at or under the file's ``work_dir`` (checkpoint dirs ...) moves with it.
+    With ``hat_alias`` the config and the modules it imports may import from ``hat.*``
+    (:func:`hat_ignite.hat_alias.install_hat_alias`).
 
     Returns:
         The config and the absolute work dir.
     """
+    use_hat_alias(hat_alias)
     cfg = Config.fromfile(path)
     file_work_dir = cfg.get("work_dir")
     cfg.merge_opts(opts)
@@ -101,8 +148,11 @@ def load_config(path: str, opts: Sequence[str], work_dir: str | None) -> tuple[C
 # -- running ----------------------------------------------------------------------------------
 def run_main(prog: str, body: Callable[[list[str]], int], argv: Sequence[str] | None) -> int:
     """Run ``body(argv)``; turn any failure into one paragraph on stderr and a non-zero exit."""
+    from hat_ignite.hat_alias import hat_alias_installed, uninstall_hat_alias
+
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args
+    alias_before = hat_alias_installed()  # a command run from Python leaves the import hook as it found it
     try:
         return body(args)
     except SystemExit as exc:  # argparse: --help (0) and usage errors (2)
@@ -119,6 +169,8 @@ def run_main(prog: str, body: Callable[[list[str]], int], argv: Sequence[str] | 
         return 1
     finally:
         teardown_logging()
+        if not alias_before and hat_alias_installed():
+            uninstall_hat_alias()
 
 
 def build_stage(cfg: Config, stage_key: str) -> Any:
@@ -329,65 +381,3 @@ def loss_value(losses: Any) -> float | None:
         values = [float(t.detach().float().sum()) for t in items if isinstance(t, torch.Tensor)]
         return sum(values) if values else None
     return None
-
-
-# -- describing an engine (--dry-run) -------------------------------------------------------
-def _loader_text(loader: Any) -> str:
-    try:
-        length = f"{len(loader)} batches"
-    except TypeError:
-        length = "unknown length"
-    batch_size = getattr(loader, "batch_size", None)
-    dataset = getattr(loader, "dataset", None)
-    extra = f", batch_size={batch_size}" if batch_size is not None else ""
-    extra += f", dataset={dataset!r:.80}" if dataset is not None else ""
-    return f"{type(loader).__name__} ({length}{extra})"
-
-
-def describe_engine(engine: Any, stage_key: str) -> str:
-    """Describe a built engine and the handlers each HAT event runs, in firing order.
-
-    HAT callbacks are listed under the events of the hooks they override, in config-list order
-    (the order they run in). Other handlers in ``callbacks`` are listed with the events they are
-    registered on when the handler object itself is the registered callable.
-    """
-    from ignite.engine import Events
-
-    from hat_ignite.callbacks.base import CallbackMixin
-    from hat_ignite.engine.events import HOOK_EVENTS, HatEvents
-
-    model = engine.model
-    n_params = sum(p.numel() for p in model.parameters())
-    out = [f"{stage_key}: {type(engine).__module__}.{type(engine).__qualname__}"]
-    out.append(f"  model: {type(model).__name__} ({n_params:,} parameters)")
-    for loader in getattr(engine, "data_loaders", None) or [engine.data_loader]:
-        out.append(f"  data_loader: {_loader_text(loader)}")
-    if engine.optimizer is not None:
-        defaults = {k: v for k, v in engine.optimizer.defaults.items() if isinstance(v, (int, float, bool))}
-        out.append(f"  optimizer: {type(engine.optimizer).__name__} {defaults}")
-    processor = engine.batch_processor
-    out.append(
-        f"  batch_processor: {type(processor).__name__}(need_grad_update={getattr(processor, 'need_grad_update', '?')})"
-    )
-    limit = f"num_epochs={engine.num_epochs}" if engine.stop_by == "epoch" else f"num_steps={engine.num_steps}"
-    out.append(f"  stop_by={engine.stop_by}, {limit}, device={engine.torch_device}")
-
-    out.append("Handlers by event, in firing order (callbacks run in config-list order):")
-    for hook, event in HOOK_EVENTS.items():
-        names = engine.event_handlers(event)
-        out.append(f"  {event.name} ({hook}):" + ("" if names else " -"))
-        out.extend(f"    {n}. {name}" for n, name in enumerate(names, 1))
-    ignite_events = [e for e in Events if e not in HatEvents and engine.event_handlers(e)]
-    if ignite_events:
-        out.append("Ignite events (engine bookkeeping and handlers attached to them):")
-        for event in ignite_events:
-            out.append(f"  {event.name}: " + ", ".join(engine.event_handlers(event)))
-    registered = {name for event in HatEvents for name in engine.event_handlers(event)}
-    unattached = [
-        f"callbacks[{i}] {type(cb).__name__}" for i, cb in enumerate(engine.callbacks)
-        if isinstance(cb, CallbackMixin) and cb.overridden_hooks()
-        and not any(name.startswith(f"{type(cb).__qualname__}.") for name in registered)
-    ]
-    if unattached:
-        out.append("Attached for each data loader while it runs: " + ", ".join(unattached))
-    return "\n".join(out)

@@ -32,6 +32,7 @@ import sys
 import threading
 from typing import Any, Callable, Sequence
 
+from hat_ignite.builtin_names import HAT_ALIASES
 from hat_ignite.cli.common import CliError
 
 __all__ = ["add_distributed_arguments", "distributed_stage", "follow_launcher_signals", "is_main_process"]
@@ -75,7 +76,7 @@ def _positive(text: str) -> int:
 def add_distributed_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``--device-ids``, ``--nproc``, ``--nnodes``, ``--node-rank``, ``--master-addr/-port`` and ``--dist-timeout``."""
     group = parser.add_argument_group("distributed training (see docs/distributed.md)")
-    group.add_argument("--device-ids", type=_device_ids, help="GPUs of this node, one process each (NCCL), e.g. 0,1")
+    group.add_argument("--device-ids", "-ids", type=_device_ids, help="GPUs of this node, one process each (NCCL), e.g. 0,1")
     group.add_argument("--nproc", type=_positive, help="number of CPU processes on this node (gloo)")
     group.add_argument("--nnodes", type=_positive, default=1, help="number of nodes (default 1)")
     group.add_argument("--node-rank", type=int, default=0, help="this node's index, 0 .. nnodes-1 (default 0)")
@@ -173,6 +174,7 @@ def distributed_stage(
     node = cfg[stage_key]
     kind = node.get("type") if hasattr(node, "get") else None
     kind_name = kind.__name__ if isinstance(kind, type) else str(kind).rsplit(".", 1)[-1]
+    kind_name = HAT_ALIASES.get(kind_name, kind_name)  # HAT's "distributed_data_parallel_trainer"
     if _Worker.launched:
         if kind_name != _DDP:
             logger.info("%s runs in several processes: building it as a %s", kind_name, _DDP)

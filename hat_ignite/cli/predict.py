@@ -25,6 +25,7 @@ from hat_ignite.cli.common import (
     describe_engine,
     load_config,
     make_parser,
+    parse_arguments,
     run_main,
     seed_everything,
     setup_logging,
@@ -47,9 +48,9 @@ def _predict(argv: Sequence[str]) -> int:
     parser = make_parser("hat-predict", DESCRIPTION, argv)
     parser.add_argument("--ckpt", help="checkpoint to load (default: the config's {stage}_checkpoint)")
     parser.add_argument("--dry-run", action="store_true", help="build everything, describe the predictor, and exit")
-    args = parser.parse_args(argv)
+    args = parse_arguments(parser, argv)
     setup_logging(args.debug)
-    cfg, work_path = load_config(args.config, args.opts, args.work_dir)
+    cfg, work_path = load_config(args.config, args.opts, args.work_dir, hat_alias=not args.no_hat_alias)
     stage_key = cfg.stage_key(args.stage, "predictor")
     ckpt = args.ckpt if args.ckpt is not None else cfg.get(f"{args.stage}_checkpoint")
     if ckpt is not None and (not isinstance(ckpt, str) or not os.path.isfile(ckpt)):

@@ -30,6 +30,7 @@ from hat_ignite.cli.common import (
     load_config,
     loss_value,
     make_parser,
+    parse_arguments,
     run_main,
     seed_everything,
     setup_logging,
@@ -128,9 +129,9 @@ def _train(argv: Sequence[str]) -> int:
     )
     add_distributed_arguments(parser)
     add_resume_argument(parser)
-    args = parser.parse_args(argv)
+    args = parse_arguments(parser, argv)
     setup_logging(args.debug)
-    cfg, work_path = load_config(args.config, args.opts, args.work_dir)
+    cfg, work_path = load_config(args.config, args.opts, args.work_dir, hat_alias=not args.no_hat_alias)
     stage_key = cfg.stage_key(args.stage, "trainer")
     exit_code = distributed_stage(args, argv, cfg, stage_key, _train)  # starts the processes of a DDP run
     if exit_code is not None:
