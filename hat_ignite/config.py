@@ -24,6 +24,7 @@ from __future__ import annotations
 import difflib
 import enum
 import hashlib
+import logging
 import math
 import os
 import pprint
@@ -38,6 +39,8 @@ from hat_ignite.config_opts import literal, parse_items, parse_opts, path_exists
 from hat_ignite.errors import ConfigError
 
 __all__ = ["Config", "ConfigVersion", "parse_opts", "STAGE_SUFFIXES"]
+
+logger = logging.getLogger(__name__)
 
 #: Key suffixes that mark a stage's engine config.
 STAGE_SUFFIXES: tuple[str, ...] = ("_trainer", "_predictor", "_calibrator")
@@ -257,17 +260,23 @@ class Config(Mapping):
         )
 
     # -- overrides -------------------------------------------------------------------------
-    def merge_opts(self, opts: Sequence[str]) -> None:
+    def merge_opts(self, opts: Sequence[str], overwrite: bool = True) -> None:
         """Apply ``--opts`` items (``KEY=VALUE``) in place, in order.
 
         Each value replaces what is at its key path after the file ran (changing ``lr`` does not
         change a ``float_trainer`` dict that already copied the old ``lr``). The last part of a
         path may be a new dict key; every earlier part must exist.
 
+        With ``overwrite=False`` (HAT's ``--opts-overwrite False``) an item whose key path
+        already exists is skipped, with a warning.
+
         Raises:
             ConfigError: a malformed item or a key path that does not exist.
         """
         for parts, value, item in parse_items(opts):
+            if not overwrite and path_exists(self._data, parts):
+                logger.warning("--opts %s: the config sets this key and overwrite is off: keeping its value", item)
+                continue
             self._set(parts, value, item)
             self.overrides.append(item)
 
@@ -283,22 +292,14 @@ class Config(Mapping):
         >>> cfg["model"]
         {'depth': 50, 'width': 64}
         """
-        if isinstance(cfg_opts, Mapping):
-            pairs = [(str(k), v) for k, v in cfg_opts.items()]
-        else:
-            items = list(cfg_opts)
-            if len(items) % 2:
-                raise ConfigError(f"merge_from_list_or_dict: {items!r} has an odd length; give key, value pairs.")
-            pairs = list(zip(items[0::2], items[1::2]))
+        if not isinstance(cfg_opts, Mapping) and len(cfg_opts) % 2:
+            raise ConfigError(f"merge_from_list_or_dict: {list(cfg_opts)!r} has an odd length; give key, value pairs.")
+        pairs = cfg_opts.items() if isinstance(cfg_opts, Mapping) else zip(cfg_opts[0::2], cfg_opts[1::2])
         for key, value in pairs:
-            parts = split_key(key, key)
-            if not overwrite and self._exists(parts):
-                continue
-            self._set(parts, literal(value) if isinstance(value, str) else value, f"{key} {value!r}")
-            self.overrides.append(f"{key} {value!r}")
-
-    def _exists(self, parts: list[str | int]) -> bool:
-        return path_exists(self._data, parts)
+            parts = split_key(str(key), str(key))
+            if overwrite or not path_exists(self._data, parts):
+                self._set(parts, literal(value) if isinstance(value, str) else value, f"{key} {value!r}")
+                self.overrides.append(f"{key} {value!r}")
 
     def _set(self, parts: list[str | int], value: Any, item: str) -> None:
         set_path(self._data, parts, value, item, self.filename)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import sys
 
 import pytest
 
@@ -147,3 +148,49 @@ def test_relocate_paths_moves_strings_under_the_old_work_dir(cfg):
     assert cfg["other"] == "work_dirs/toy_other/x"
     assert cfg.relocate_paths("/runs/new", "/runs/new/inner") == 2  # a shared dict moves once
     assert cfg["ckpt"]["save_dir"] == "/runs/new/inner/ckpt"
+
+
+def test_config_imports_modules_next_to_it_relatively_and_absolutely(tmp_path):
+    """A plain directory and a package directory: ``from .x import`` and ``import pkg.x`` both work."""
+    plain = tmp_path / "plain"
+    (plain / "helpers").mkdir(parents=True)
+    (plain / "consts.py").write_text("WIDTH = 7\n")
+    (plain / "helpers" / "__init__.py").write_text("")
+    (plain / "helpers" / "sizes.py").write_text("DEPTH = 3\n")
+    (plain / "cfg.py").write_text("from .consts import WIDTH\nimport helpers.sizes\nmodel = dict(width=WIDTH, depth=helpers.sizes.DEPTH)\n")
+    cfg = Config.fromfile(plain / "cfg.py")
+    assert cfg.model == {"width": 7, "depth": 3} and cfg["model"] is cfg.model  # HAT's attribute access too
+    assert str(plain) not in sys.path  # the directory was on sys.path only while the file ran
+
+    pkg = tmp_path / "proj" / "configs"
+    pkg.mkdir(parents=True)
+    (tmp_path / "proj" / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "base.py").write_text("LR = 0.5\n")
+    (pkg / "exp.py").write_text("from .base import LR\nfrom ..configs import base\nlr = LR\nsame = base.LR == LR\n")
+    cfg = Config.fromfile(pkg / "exp.py")
+    assert (cfg["lr"], cfg["same"]) == (0.5, True)
+    assert sys.modules["proj.configs.base"].LR == 0.5  # the package's own module
+    with pytest.raises(AttributeError, match="has no key 'lrr'. Did you mean 'lr'"):
+        cfg.lrr
+
+
+def test_merge_from_list_or_dict_as_hat():
+    cfg = Config({"model": {"depth": 18}, "lr": 0.1}, filename="c.py")
+    cfg.merge_from_list_or_dict(["model.depth", "50", "lr", "0.2"])
+    cfg.merge_from_list_or_dict({"model.width": 64, "lr": 9}, overwrite=False)
+    assert cfg.to_dict() == {"model": {"depth": 50, "width": 64}, "lr": 0.2}
+    with pytest.raises(ConfigError, match="odd length"):
+        cfg.merge_from_list_or_dict(["lr"])
+
+
+def test_a_hat_import_without_hat_says_how_to_get_it(write_config):
+    import importlib.util
+
+    if importlib.util.find_spec("hat") is not None:
+        pytest.skip("a hat package is importable here")
+    path = write_config("from hat.registry import OBJECT_REGISTRY\n")
+    with pytest.raises(ConfigError, match=r"cfg\.py:1: running the config raised ModuleNotFoundError: No module "
+                                          r"named 'hat'\. The config .* imports from HAT: install HAT, or .*"
+                                          r"install_hat_alias\(\)"):
+        Config.fromfile(path)

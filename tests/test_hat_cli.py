@@ -216,3 +216,28 @@ def test_without_the_alias_a_hat_import_names_the_flag(tmp_path, write_config):
     assert proc.returncode == 1
     assert "No module named 'hat'. The config (or a module it imports) imports from HAT" in proc.stderr
     assert "unless --no-hat-alias" in proc.stderr and not (tmp_path / "w").exists()
+
+
+def test_hat_environment_and_opts_overwrite_false(tmp_path, write_config, monkeypatch):
+    """As HAT's tools: the stage and --pipeline-test reach the config through the environment."""
+    from hat_ignite.cli.common import export_hat_environment, load_config
+
+    for var in ("HAT_TRAINING_STEP", "HAT_INFERENCE_STEP", "HAT_PIPELINE_TEST"):
+        monkeypatch.delenv(var, raising=False)
+    config = write_config(
+        """
+        import os
+        training_step = os.environ.get("HAT_TRAINING_STEP", "float")
+        pipeline_test = bool(int(os.environ.get("HAT_PIPELINE_TEST", "0")))
+        num_epochs = 30 if not pipeline_test else 1
+        model = dict(width=8)
+        """
+    )
+    argv = ["-c", str(config), "-s", "qat", "--pipeline-test", "--opts-overwrite", "False",
+            "--opts", "model.width", "16", "model.depth", "3"]
+    args = parse_arguments(make_parser("hat-train", "d", argv), argv)
+    export_hat_environment(args)
+    cfg, _ = load_config(args.config, args.opts, str(tmp_path / "w"), hat_alias=False, overwrite=args.opts_overwrite)
+    assert (cfg["training_step"], cfg["pipeline_test"], cfg["num_epochs"]) == ("qat", True, 1)
+    assert cfg["model"] == {"width": 8, "depth": 3}  # an existing key is kept, a new one is added
+    assert cfg.overrides == ["model.depth 3"]

@@ -22,7 +22,7 @@ from hat_ignite.config import Config
 from hat_ignite.errors import ConfigError, HatIgniteError
 
 __all__ = [
-    "CliError", "make_parser", "parse_arguments", "use_hat_alias", "load_config", "build_stage", "run_main",
+    "CliError", "make_parser", "parse_arguments", "export_hat_environment", "use_hat_alias", "load_config", "build_stage", "run_main",
     "setup_logging", "attach_log_file",
     "teardown_logging",
     "seed_everything", "WorkDir", "write_metrics", "describe_engine", "loss_value",
@@ -86,6 +86,14 @@ def make_parser(prog: str, description: str, argv: Sequence[str]) -> argparse.Ar
         help="override config values: KEY=VALUE items or HAT's KEY VALUE pairs, e.g. "
         "float_trainer.num_epochs=3 or float_trainer.num_epochs 3; values are Python literals, else strings",
     )
+    parser.add_argument(
+        "--opts-overwrite", type=_true_or_false, default=True, metavar="{True,False}",
+        help="HAT's switch: False keeps the config's value where an --opts key already exists (default True)",
+    )
+    parser.add_argument(
+        "--pipeline-test", action="store_true",
+        help="export HAT_PIPELINE_TEST=1 for configs that read it, as HAT's tools do",
+    )
     parser.add_argument("--work-dir", help="directory for logs, checkpoints and metrics (default: the config's work_dir)")
     parser.add_argument(
         "--no-hat-alias", action="store_true",
@@ -107,6 +115,22 @@ def parse_arguments(parser: argparse.ArgumentParser, argv: Sequence[str]) -> arg
     return args
 
 
+def _true_or_false(text: str) -> bool:
+    if text not in ("True", "False"):
+        raise argparse.ArgumentTypeError(f"expected True or False, got {text!r}")
+    return text == "True"
+
+
+def export_hat_environment(args: argparse.Namespace) -> None:
+    """Set the variables HAT's tools export before the config runs (configs read them).
+
+    ``HAT_TRAINING_STEP`` and ``HAT_INFERENCE_STEP`` are the stage, ``HAT_PIPELINE_TEST`` is
+    ``1`` with ``--pipeline-test`` and ``0`` otherwise.
+    """
+    os.environ["HAT_TRAINING_STEP"] = os.environ["HAT_INFERENCE_STEP"] = args.stage
+    os.environ["HAT_PIPELINE_TEST"] = "1" if args.pipeline_test else "0"
+
+
 def use_hat_alias(enabled: bool) -> None:
     """Install the ``hat`` import alias (unless disabled) and log which ``hat`` configs get."""
     if not enabled:
@@ -117,14 +141,17 @@ def use_hat_alias(enabled: bool) -> None:
     logger.info("%s", install_hat_alias())
 
 
-def load_config(path: str, opts: Sequence[str], work_dir: str | None, hat_alias: bool = True) -> tuple[Config, str]:
+def load_config(
+    path: str, opts: Sequence[str], work_dir: str | None, hat_alias: bool = True, overwrite: bool = True,
+) -> tuple[Config, str]:
     """Load the config, apply ``--opts``, and settle the work dir.
 
     The work dir is ``--work-dir``, else the config's ``work_dir`` key, else
     ``./work_dirs/<config name>``. When it differs from the ``work_dir`` the file sets, every
     string of the config at or under the file's ``work_dir`` (checkpoint dirs ...) moves with it.
     With ``hat_alias`` the config and the modules it imports may import from ``hat.*``
-    (:func:`hat_ignite.hat_alias.install_hat_alias`).
+    (:func:`hat_ignite.hat_alias.install_hat_alias`). ``overwrite=False`` is HAT's
+    ``--opts-overwrite False``: overrides of keys the config has are skipped.
 
     Returns:
         The config and the absolute work dir.
@@ -132,7 +159,7 @@ def load_config(path: str, opts: Sequence[str], work_dir: str | None, hat_alias:
     use_hat_alias(hat_alias)
     cfg = Config.fromfile(path)
     file_work_dir = cfg.get("work_dir")
-    cfg.merge_opts(opts)
+    cfg.merge_opts(opts, overwrite=overwrite)
     if work_dir is None:
         work_dir = cfg.get("work_dir")
     if work_dir is None:

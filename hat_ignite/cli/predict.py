@@ -24,6 +24,7 @@ from hat_ignite.cli.common import (
     build_stage,
     describe_engine,
     load_config,
+    export_hat_environment,
     make_parser,
     parse_arguments,
     run_main,
@@ -50,7 +51,10 @@ def _predict(argv: Sequence[str]) -> int:
     parser.add_argument("--dry-run", action="store_true", help="build everything, describe the predictor, and exit")
     args = parse_arguments(parser, argv)
     setup_logging(args.debug)
-    cfg, work_path = load_config(args.config, args.opts, args.work_dir, hat_alias=not args.no_hat_alias)
+    export_hat_environment(args)
+    cfg, work_path = load_config(
+        args.config, args.opts, args.work_dir, hat_alias=not args.no_hat_alias, overwrite=args.opts_overwrite,
+    )
     stage_key = cfg.stage_key(args.stage, "predictor")
     ckpt = args.ckpt if args.ckpt is not None else cfg.get(f"{args.stage}_checkpoint")
     if ckpt is not None and (not isinstance(ckpt, str) or not os.path.isfile(ckpt)):

@@ -29,6 +29,7 @@ from hat_ignite.cli.common import (
     describe_engine,
     load_config,
     loss_value,
+    export_hat_environment,
     make_parser,
     parse_arguments,
     run_main,
@@ -131,7 +132,10 @@ def _train(argv: Sequence[str]) -> int:
     add_resume_argument(parser)
     args = parse_arguments(parser, argv)
     setup_logging(args.debug)
-    cfg, work_path = load_config(args.config, args.opts, args.work_dir, hat_alias=not args.no_hat_alias)
+    export_hat_environment(args)
+    cfg, work_path = load_config(
+        args.config, args.opts, args.work_dir, hat_alias=not args.no_hat_alias, overwrite=args.opts_overwrite,
+    )
     stage_key = cfg.stage_key(args.stage, "trainer")
     exit_code = distributed_stage(args, argv, cfg, stage_key, _train)  # starts the processes of a DDP run
     if exit_code is not None:
