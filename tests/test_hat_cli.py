@@ -89,6 +89,14 @@ data_loader = dict(
     shuffle=True,
     num_workers=0,
 )
+training_step = os.environ.get("HAT_TRAINING_STEP", "float")
+
+
+def update_metric(metrics, batch, model_outs):
+    for metric in metrics:
+        metric.update(batch["labels"], model_outs)
+
+
 batch_processor = dict(
     type="MultiBatchProcessor",
     need_grad_update=True,
@@ -105,7 +113,31 @@ float_trainer = dict(
     callbacks=[
         dict(type="StatsMonitor", log_freq=0),
         dict(type="StepCounter", out_file=os.path.join(os.environ.get("HAT_TEST_OUT", "."), "steps.json")),
+        dict(type="Checkpoint", save_dir=ckpt_dir, name_prefix=training_step + "-"),
     ],
+)
+
+val_data_loader = dict(
+    type=torch.utils.data.DataLoader,
+    dataset=dict(type="DigitsDataset", split="val"),
+    sampler=dict(type=torch.utils.data.DistributedSampler, shuffle=False),
+    batch_size=batch_size_per_gpu,
+    shuffle=False,
+)
+float_predictor = dict(
+    type="Predictor",
+    model=model,
+    model_convert_pipeline=dict(
+        type="ModelConvertPipeline",
+        converters=[
+            dict(type="LoadCheckpoint", checkpoint_path=os.path.join(ckpt_dir, "float-checkpoint-last.pth.tar")),
+        ],
+    ),
+    data_loader=[val_data_loader],
+    batch_processor=dict(type="MultiBatchProcessor", need_grad_update=False),
+    device=None,
+    metrics=[dict(type="Accuracy")],
+    callbacks=[dict(type="MetricUpdater", metric_update_func=update_metric, step_log_freq=0, log_prefix="Predict ")],
 )
 '''
 
@@ -143,6 +175,17 @@ def test_hat_command_line_trains_a_hat_style_config(tmp_path):
     assert counted["model"] == "DistributedDataParallel"  # built as HAT's distributed_data_parallel_trainer
     resolved = (work_dir / "float_train_config.py").read_text()
     assert "# --opts float_trainer.num_epochs 1" in resolved and "'num_epochs': 1" in resolved
+    assert (tmp_path / "tmp_models" / "hat_style_digits" / "float-checkpoint-last.pth.tar").is_file()
+
+    # HAT's tools/predict.py spelling; the predictor loads the checkpoint through its convert pipeline
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bin" / "hat-predict"), "--stage", "float", "--config", str(config),
+         "--work-dir", str(work_dir)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    predicted = json.loads((work_dir / "metrics.json").read_text())["float_predict"]
+    assert predicted["steps"] == -(-360 // 64) and predicted["metrics"]["accuracy"] > 0.5
 
 
 DIGITS_TRAINER = '''
@@ -184,6 +227,7 @@ def test_cfg_options_and_mixed_override_forms_in_process(tmp_path, write_config)
     (["a.py", "--stage", "qat", "--opts", "x.y", "1", "z=2"], ("a.py", "qat", ["x.y", "1", "z=2"])),
     (["--config", "a.py", "--cfg-options", "x", "[1, 2]", "--opts", "y=3"], ("a.py", "float", ["x", "[1, 2]", "y=3"])),
     (["a.py", "-c", "a.py"], ("a.py", "float", [])),
+    (["a.py", "--opts", "lr", "-0.5", "-s", "qat"], ("a.py", "qat", ["lr", "-0.5"])),
 ])
 def test_hat_spellings_of_the_arguments(argv, expected):
     args = parse_arguments(make_parser("hat-train", "d", argv), argv)

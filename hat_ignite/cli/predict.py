@@ -6,7 +6,8 @@ to the ``{stage}_train`` entry ``hat-train`` wrote). The weights come from ``--c
 the config's ``{stage}_checkpoint`` key; with neither, the model runs with the weights the config
 builds (a warning says so). Checkpoints are loaded with
 :class:`hat_ignite.callbacks.checkpoint_state.LoadCheckpoint`: weights-only, hash-verified, and
-the weights must fit the model exactly.
+the weights must fit the model exactly. HAT's ``tools/predict.py`` spelling
+(``-c CONFIG -s STAGE --ckpt PATH --opts KEY VALUE ...``) works too.
 """
 
 from __future__ import annotations

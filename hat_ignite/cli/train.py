@@ -12,6 +12,10 @@ the ``Checkpoint`` callback writes a resumable checkpoint, ``metrics.json`` is w
 (SIGTERM) or 130 (SIGINT); a second signal exits at once. In a multi-process run the signal may
 reach every process, one rank, or only the launching process: all ranks stop after the same
 step and the job exits the same way (see :mod:`hat_ignite.cli.distributed`).
+
+HAT's ``tools/train.py`` command line works as it is: ``hat-train -c CONFIG -s float --opts KEY
+VALUE ...`` (see ``docs/hat-migration.md``); the config may import from ``hat.*`` unless
+``--no-hat-alias`` is given.
 """
 
 from __future__ import annotations
