@@ -164,6 +164,8 @@ class Registry:
         if old is not None and _same_definition(old, obj):
             self._objects[name] = obj  # the same module run again (a config loaded twice): keep the newest
             return
+        if old is None and name in self._builtins and self._builtin_is(name, obj):
+            return  # HAT code registering one of hat-ignite's own classes again (through the hat alias)
         if name in self:
             where = _qualified(old) if old is not None else self._builtins[name].replace(":", ".")
             raise ConfigError(
@@ -174,6 +176,12 @@ class Registry:
 
     def __contains__(self, name: object) -> bool:
         return name in self._objects or name in self._builtins
+
+    def _builtin_is(self, name: str, obj: Any) -> bool:
+        try:
+            return _import_path(self._builtins[name]) is obj
+        except (ImportError, LookupError):
+            return False
 
     def keys(self) -> list[str]:
         """Every registered name (HAT's spelling of :meth:`names`)."""

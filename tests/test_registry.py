@@ -271,6 +271,9 @@ def test_hat_snake_case_engine_aliases_resolve_to_the_engines():
 
     assert OBJECT_REGISTRY.resolve("distributed_data_parallel_trainer") is DistributedDataParallelTrainer
     assert OBJECT_REGISTRY.resolve("data_parallel_trainer") is DataParallelTrainer
+    OBJECT_REGISTRY.register(DataParallelTrainer)  # HAT code re-registering the class: a no-op, not a clash
+    OBJECT_REGISTRY.register(DistributedDataParallelTrainer, name="distributed_data_parallel_trainer")
+    assert "DataParallelTrainer" not in OBJECT_REGISTRY._objects
     with pytest.raises(ConfigError, match=r"type 'deepspeed_trainer' is a HAT class hat-ignite does not provide: "
                                           r"DeepSpeed is not supported; use 'distributed_data_parallel_trainer'"):
         build_from_cfg({"type": "deepspeed_trainer"})
