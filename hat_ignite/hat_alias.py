@@ -48,10 +48,7 @@ from typing import Any, Mapping
 
 from hat_ignite.hat_alias_names import HAT_MODULES, MODEL_ZOO_PREFIXES
 
-__all__ = [
-    "HatSource", "install_hat_alias", "uninstall_hat_alias", "hat_alias_installed",
-    "hat_build_from_cfg", "build_from_registry", "get_dist_info",
-]
+__all__ = ["HatSource", "install_hat_alias", "uninstall_hat_alias", "hat_alias_installed"]
 
 _MARK = "__hat_ignite_alias__"
 
@@ -181,43 +178,3 @@ def uninstall_hat_alias() -> None:
     sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _HatFinder)]
     for name in [n for n, m in sys.modules.items() if (n == "hat" or n.startswith("hat.")) and getattr(m, _MARK, False)]:
         del sys.modules[name]
-
-
-# -- HAT functions whose signature differs from hat-ignite's ----------------------------------
-def hat_build_from_cfg(registry: Any, cfg: Mapping[str, Any]) -> Any:
-    """HAT's ``build_from_cfg(registry, cfg)``: build one object, its arguments as they are.
-
-    Example:
-        >>> from hat_ignite.registry import OBJECT_REGISTRY
-        >>> hat_build_from_cfg(OBJECT_REGISTRY, {"type": "fractions.Fraction", "numerator": 1, "denominator": 4})
-        Fraction(1, 4)
-    """
-    from hat_ignite.registry import Registry
-
-    if not isinstance(registry, Registry):
-        raise TypeError(f"build_from_cfg(registry, cfg): expected a Registry first, got {type(registry).__name__}.")
-    if not isinstance(cfg, Mapping) or "type" not in cfg:
-        raise TypeError(f"build_from_cfg(registry, cfg): cfg must be a dict with a 'type' key, got {cfg!r:.80}.")
-    target = registry.resolve(cfg["type"])
-    return target(**{k: v for k, v in cfg.items() if k != "type"})
-
-
-def build_from_registry(cfg: Any) -> Any:
-    """HAT's ``build_from_registry(x)``: build every ``type`` dict in ``x``, depth first."""
-    from hat_ignite.registry import build_from_cfg
-
-    return build_from_cfg(cfg)
-
-
-def get_dist_info() -> tuple[int, int]:
-    """HAT's ``get_dist_info()``: ``(rank, world_size)``; ``(0, 1)`` outside a process group.
-
-    Example:
-        >>> get_dist_info()
-        (0, 1)
-    """
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1

@@ -81,8 +81,8 @@ _CONVERTERS = {
 _REGISTRY = {
     "Registry": "hat_ignite.registry:Registry",
     "OBJECT_REGISTRY": "hat_ignite.registry:OBJECT_REGISTRY",
-    "build_from_cfg": "hat_ignite.hat_alias:hat_build_from_cfg",
-    "build_from_registry": "hat_ignite.hat_alias:build_from_registry",
+    "build_from_cfg": "hat_ignite.hat_compat:hat_build_from_cfg",
+    "build_from_registry": "hat_ignite.hat_compat:build_from_registry",
 }
 
 #: ``hat.*`` module -> ``{name: "hat_ignite.module:attribute"}``.
@@ -118,7 +118,17 @@ HAT_MODULES: dict[str, dict[str, str]] = {
         "Config": "hat_ignite.config:Config",
         "ConfigVersion": "hat_ignite.config:ConfigVersion",
     },
-    "hat.utils.distributed": {"get_dist_info": "hat_ignite.hat_alias:get_dist_info"},
+    "hat.utils.distributed": {
+        name: f"hat_ignite.hat_compat:{name}" for name in ("get_dist_info", "rank_zero_only")
+    },
+    "hat.utils.apply_func": {
+        "_as_list": "hat_ignite.hat_compat:as_list",
+        "apply_to_collection": "hat_ignite.hat_compat:apply_to_collection",
+        "to_cuda": "hat_ignite.hat_compat:to_cuda",
+    },
+    "hat.utils.logger": {
+        name: f"hat_ignite.hat_compat:{name}" for name in ("rank_zero_info", "MSGColor", "format_msg")
+    },
 }
 
 #: HAT packages of models, data and ops that hat-ignite does not provide: what to do instead.

@@ -158,3 +158,24 @@ def test_the_command_line_says_which_hat_it_uses(tmp_path, write_config):
     assert proc.returncode == 1
     assert f"hat.* imports use the installed HAT package at {real / '__init__.py'}" in proc.stderr
     assert "cannot build Predictor" in proc.stderr
+
+
+def test_hat_utilities_user_files_import(hat_alias, caplog):
+    import torch
+    from hat.registry import build_from_cfg
+    from hat.utils.apply_func import _as_list, apply_to_collection
+    from hat.utils.distributed import get_dist_info, rank_zero_only
+    from hat.utils.logger import MSGColor, format_msg, rank_zero_info
+
+    from hat_ignite.registry import OBJECT_REGISTRY
+
+    assert _as_list(3) == [3] and _as_list([1]) == [1]
+    doubled = apply_to_collection({"x": torch.ones(2), "n": [torch.zeros(1), "s"]}, torch.Tensor, lambda t: t + 1)
+    assert doubled["x"].tolist() == [2.0, 2.0] and doubled["n"][1] == "s"
+    assert get_dist_info() == (0, 1) and rank_zero_only(lambda: 5)() == 5
+    with caplog.at_level("INFO", logger="hat_ignite.hat_compat"):
+        rank_zero_info(format_msg("hello", MSGColor.RED))
+    assert [r.getMessage() for r in caplog.records] == ["\x1b[31mhello\x1b[0m"]
+    # HAT's build_from_cfg(registry, cfg) builds one level: nested dicts stay dicts
+    built = build_from_cfg(OBJECT_REGISTRY, {"type": "collections.OrderedDict", "inner": {"type": "x"}})
+    assert built == {"inner": {"type": "x"}}
