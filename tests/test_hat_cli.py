@@ -251,7 +251,7 @@ def test_help_shows_both_spellings_and_lists_stages_of_a_hat_config(tmp_path):
     out = proc.stdout
     assert "-c CONFIG, --config CONFIG" in out and "-s STAGE, --stage STAGE" in out
     assert "--cfg-options" in out and "KEY VALUE" in out and "--no-hat-alias" in out
-    assert "Stages in " in out and "float (float_trainer)" in out
+    assert "Stages in " in out and "float (float_trainer, float_predictor)" in out
 
 
 def test_without_the_alias_a_hat_import_names_the_flag(tmp_path, write_config):
@@ -285,3 +285,21 @@ def test_hat_environment_and_opts_overwrite_false(tmp_path, write_config, monkey
     assert (cfg["training_step"], cfg["pipeline_test"], cfg["num_epochs"]) == ("qat", True, 1)
     assert cfg["model"] == {"width": 8, "depth": 3}  # an existing key is kept, a new one is added
     assert cfg.overrides == ["model.depth 3"]
+
+
+def test_the_config_device_ids_pick_the_gpus_as_in_hat(write_config, caplog):
+    from hat_ignite.cli.common import CliError
+    from hat_ignite.cli.distributed import device_ids_of
+    from hat_ignite.config import Config
+
+    cfg = Config({"device_ids": [0, 1]}, filename="c.py")
+    assert device_ids_of(cfg, None, None, cuda_available=True) == [0, 1]
+    assert device_ids_of(cfg, [2], None, cuda_available=True) == [2]  # --device-ids wins
+    assert device_ids_of(cfg, None, 2, cuda_available=True) is None  # --nproc asks for CPU processes
+    assert device_ids_of(Config({"device_ids": -1}), None, None, cuda_available=True) is None
+    assert device_ids_of(Config({"device_ids": 3}), None, None, cuda_available=True) == [3]
+    with caplog.at_level("WARNING"):
+        assert device_ids_of(cfg, None, None, cuda_available=False) is None
+    assert "c.py: device_ids=[0, 1] ignored: no CUDA device here, running on the CPU" in caplog.text
+    with pytest.raises(CliError, match=r"c\.py: device_ids must be a list of GPU ids such as \[0, 1\]"):
+        device_ids_of(Config({"device_ids": "0,1"}, filename="c.py"), None, None, cuda_available=True)

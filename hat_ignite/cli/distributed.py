@@ -35,7 +35,9 @@ from typing import Any, Callable, Sequence
 from hat_ignite.builtin_names import HAT_ALIASES
 from hat_ignite.cli.common import CliError
 
-__all__ = ["add_distributed_arguments", "distributed_stage", "follow_launcher_signals", "is_main_process"]
+__all__ = [
+    "add_distributed_arguments", "device_ids_of", "parse_device_ids", "distributed_stage", "follow_launcher_signals", "is_main_process",
+]
 
 logger = logging.getLogger("hat_ignite.cli.distributed")
 
@@ -56,7 +58,8 @@ class _Worker:
 _STOP_EXITS = (128 + signal.SIGTERM, 128 + signal.SIGINT)
 
 
-def _device_ids(text: str) -> list[int]:
+def parse_device_ids(text: str) -> list[int]:
+    """``"0,1"`` -> ``[0, 1]`` (the value of ``--device-ids``)."""
     try:
         ids = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
@@ -73,10 +76,51 @@ def _positive(text: str) -> int:
     return value
 
 
+def device_ids_of(cfg: Any, given: list[int] | None, nproc: int | None, cuda_available: bool) -> list[int] | None:
+    """The GPUs of the run: ``--device-ids``, else the config's top-level ``device_ids`` (HAT's key).
+
+    As HAT's tools, a config's ``device_ids`` (a list of GPU ids; ``None`` or ``-1``: CPU) picks
+    the GPUs when the command line does not. It is ignored, with a warning, where there is no CUDA
+    device, and when ``--nproc`` asks for CPU processes.
+
+    Raises:
+        CliError: ``device_ids`` is not a list of non-negative ints, an int, ``None`` or ``-1``.
+
+    >>> from hat_ignite.config import Config
+    >>> device_ids_of(Config({"device_ids": [0, 1]}), None, None, cuda_available=True)
+    [0, 1]
+    >>> device_ids_of(Config({"device_ids": [0, 1]}), [3], None, cuda_available=True)
+    [3]
+    >>> device_ids_of(Config({"device_ids": [0]}), None, None, cuda_available=False) is None
+    True
+    """
+    if given is not None:
+        return given
+    value = cfg.get("device_ids")
+    if value is None or value == -1 or nproc:
+        return None
+    ids = [value] if isinstance(value, int) and not isinstance(value, bool) else value
+    if not isinstance(ids, (list, tuple)) or not all(
+        isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids
+    ):
+        raise CliError(
+            f"{cfg.filename}: device_ids must be a list of GPU ids such as [0, 1], or None for the CPU; got {value!r}."
+        )
+    if not ids:
+        return None
+    if not cuda_available:
+        logger.warning("%s: device_ids=%s ignored: no CUDA device here, running on the CPU", cfg.filename, value)
+        return None
+    return list(ids)
+
+
 def add_distributed_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``--device-ids``, ``--nproc``, ``--nnodes``, ``--node-rank``, ``--master-addr/-port`` and ``--dist-timeout``."""
     group = parser.add_argument_group("distributed training (see docs/distributed.md)")
-    group.add_argument("--device-ids", "-ids", type=_device_ids, help="GPUs of this node, one process each (NCCL), e.g. 0,1")
+    group.add_argument(
+        "--device-ids", "-ids", type=parse_device_ids,
+        help="GPUs of this node, one process each (NCCL), e.g. 0,1 (default: the config's device_ids, as HAT)",
+    )
     group.add_argument("--nproc", type=_positive, help="number of CPU processes on this node (gloo)")
     group.add_argument("--nnodes", type=_positive, default=1, help="number of nodes (default 1)")
     group.add_argument("--node-rank", type=int, default=0, help="this node's index, 0 .. nnodes-1 (default 0)")

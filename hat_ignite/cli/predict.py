@@ -34,7 +34,9 @@ from hat_ignite.cli.common import (
     write_metrics,
 )
 
+from hat_ignite.cli.distributed import device_ids_of, parse_device_ids
 from hat_ignite.cli.stages import check_stage_inputs, record_lineage, save_stage_model
+from hat_ignite.config import Config
 
 __all__ = ["main"]
 
@@ -46,10 +48,25 @@ Builds the config's {stage}_predictor (e.g. float_predictor), loads --ckpt (or t
 {stage}_checkpoint) into its model, runs it, and writes the metrics to metrics.json in the work dir."""
 
 
+def _set_device(cfg: Config, stage_key: str, given: list[int] | None) -> None:
+    """Predict on ``--device-ids`` (or the config's ``device_ids``): one process, the first GPU."""
+    import torch
+
+    ids = device_ids_of(cfg, given, None, torch.cuda.is_available())
+    if ids:
+        if len(ids) > 1:
+            logger.info("hat-predict runs in one process: predicting on GPU %d of %s", ids[0], ids)
+        cfg[stage_key]["device"] = ids[0]
+
+
 def _predict(argv: Sequence[str]) -> int:
     parser = make_parser("hat-predict", DESCRIPTION, argv)
     parser.add_argument("--ckpt", help="checkpoint to load (default: the config's {stage}_checkpoint)")
     parser.add_argument("--dry-run", action="store_true", help="build everything, describe the predictor, and exit")
+    parser.add_argument(
+        "--device-ids", "-ids", type=parse_device_ids,
+        help="GPU to predict on (one process: the first id; default: the config's device_ids, as HAT)",
+    )
     args = parse_arguments(parser, argv)
     setup_logging(args.debug)
     export_hat_environment(args)
@@ -57,6 +74,7 @@ def _predict(argv: Sequence[str]) -> int:
         args.config, args.opts, args.work_dir, hat_alias=not args.no_hat_alias, overwrite=args.opts_overwrite,
     )
     stage_key = cfg.stage_key(args.stage, "predictor")
+    _set_device(cfg, stage_key, args.device_ids)
     ckpt = args.ckpt if args.ckpt is not None else cfg.get(f"{args.stage}_checkpoint")
     if ckpt is not None and (not isinstance(ckpt, str) or not os.path.isfile(ckpt)):
         source = "--ckpt" if args.ckpt is not None else f"{cfg.filename}: {args.stage}_checkpoint"

@@ -44,6 +44,7 @@ from hat_ignite.cli.common import (
 
 from hat_ignite.cli.distributed import (
     add_distributed_arguments,
+    device_ids_of,
     distributed_stage,
     follow_launcher_signals,
     is_main_process,
@@ -141,6 +142,9 @@ def _train(argv: Sequence[str]) -> int:
         args.config, args.opts, args.work_dir, hat_alias=not args.no_hat_alias, overwrite=args.opts_overwrite,
     )
     stage_key = cfg.stage_key(args.stage, "trainer")
+    import torch
+
+    args.device_ids = device_ids_of(cfg, args.device_ids, args.nproc, torch.cuda.is_available())
     exit_code = distributed_stage(args, argv, cfg, stage_key, _train)  # starts the processes of a DDP run
     if exit_code is not None:
         return exit_code
