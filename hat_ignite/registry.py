@@ -258,6 +258,7 @@ def _same_definition(old: Any, new: Any) -> bool:
     """Whether ``new`` is ``old`` or the same definition made again (same module and qualified name)."""
     return old is new or (
         getattr(old, "__module__", None) is not None and _qualified(old) == _qualified(new)
+        and "<lambda>" not in _qualified(old)
     )
 
 

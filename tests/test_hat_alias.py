@@ -97,7 +97,8 @@ def test_missing_model_zoo_names_say_what_is_missing_and_how_to_register_one(hat
     assert "@OBJECT_REGISTRY.register" in message and "type='ResNet18'" in message
     with pytest.raises(ImportError, match=r"hat\.data\.collates\.collates\.collate_2d: HAT's datasets"):
         from hat.data.collates.collates import collate_2d  # noqa: F401
-    with pytest.raises(ImportError, match=r"hat\.engine\.Trainr: hat-ignite's hat\.engine provides .*Did you mean 'Trainer'"):
+    with pytest.raises(ImportError, match=r"hat\.engine\.Trainr: hat-ignite's hat\.engine provides "
+                                          r".*Did you mean 'Trainer'"):
         from hat.engine import Trainr  # noqa: F401
 
 

@@ -36,7 +36,8 @@ from hat_ignite.builtin_names import HAT_ALIASES
 from hat_ignite.cli.common import CliError
 
 __all__ = [
-    "add_distributed_arguments", "device_ids_of", "parse_device_ids", "distributed_stage", "follow_launcher_signals", "is_main_process",
+    "add_distributed_arguments", "device_ids_of", "parse_device_ids", "distributed_stage",
+    "follow_launcher_signals", "is_main_process",
 ]
 
 logger = logging.getLogger("hat_ignite.cli.distributed")
