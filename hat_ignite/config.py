@@ -280,15 +280,15 @@ class Config(Mapping):
             self._set(parts, value, item)
             self.overrides.append(item)
 
-    def merge_from_list_or_dict(self, cfg_opts: Sequence[str] | Mapping[str, Any], overwrite: bool = True) -> None:
+    def merge_from_list_or_dict(self, cfg_opts: Sequence[str] | Mapping[str, Any], overwrite: bool = False) -> None:
         """HAT's spelling: merge ``[key, value, key, value ...]`` or ``{key: value}`` in place.
 
         String values are read as in :meth:`merge_opts`; other values are used as they are.
-        With ``overwrite=False`` keys that already exist keep their value.
+        As in HAT, keys that already exist keep their value unless ``overwrite=True``.
 
         >>> cfg = Config({"model": {"depth": 18}})
-        >>> cfg.merge_from_list_or_dict(["model.depth", "50", "model.width", "64"])
-        >>> cfg.merge_from_list_or_dict({"model.depth": 101}, overwrite=False)
+        >>> cfg.merge_from_list_or_dict(["model.depth", "50", "model.width", "64"], overwrite=True)
+        >>> cfg.merge_from_list_or_dict({"model.depth": 101})
         >>> cfg["model"]
         {'depth': 50, 'width': 64}
         """

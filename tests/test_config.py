@@ -177,8 +177,8 @@ def test_config_imports_modules_next_to_it_relatively_and_absolutely(tmp_path):
 
 def test_merge_from_list_or_dict_as_hat():
     cfg = Config({"model": {"depth": 18}, "lr": 0.1}, filename="c.py")
-    cfg.merge_from_list_or_dict(["model.depth", "50", "lr", "0.2"])
-    cfg.merge_from_list_or_dict({"model.width": 64, "lr": 9}, overwrite=False)
+    cfg.merge_from_list_or_dict(["model.depth", "50", "lr", "0.2"], overwrite=True)
+    cfg.merge_from_list_or_dict({"model.width": 64, "lr": 9})  # HAT's default: existing keys are kept
     assert cfg.to_dict() == {"model": {"depth": 50, "width": 64}, "lr": 0.2}
     with pytest.raises(ConfigError, match="odd length"):
         cfg.merge_from_list_or_dict(["lr"])
