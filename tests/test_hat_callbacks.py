@@ -363,3 +363,39 @@ def test_forward_and_backward_hooks_see_the_batch_the_outputs_and_the_gradients(
     trainer.fit()
     assert cb.log == [("forward_begin", torch.float64, True), ("forward_end", (6, 3)),
                       ("backward_begin", True), ("backward_end", False)]
+
+
+class Unsized:
+    """An iterable without len(): the engine sees an epoch's end only when it comes."""
+
+    def __init__(self, batches):
+        self.batches = batches
+
+    def __iter__(self):
+        return iter(self.batches)
+
+
+def test_the_flush_of_an_unfinished_accumulation_group_fires_on_optimizer_step_begin_first():
+    class Order(HatBase):
+        def __init__(self):
+            self.log = []
+
+        def on_optimizer_step_begin(self, global_step_id, **kwargs):
+            self.log.append(("optimizer_step_begin", global_step_id))
+
+        def on_epoch_end(self, epoch_id, **kwargs):
+            self.log.append(("epoch_end", epoch_id))
+
+    def run(callbacks):
+        order = Order()
+        trainer = linear_trainer([*callbacks, order], data=Unsized(linear_data(3)), num_epochs=2,
+                                 processor_args=dict(grad_accumulation_step=2))
+        trainer.fit()
+        return order.log, [p.detach().clone() for p in trainer.model.parameters()]
+
+    log, plain = run([])
+    assert log == [("optimizer_step_begin", 1), ("optimizer_step_begin", 2), ("epoch_end", 0),
+                   ("optimizer_step_begin", 4), ("optimizer_step_begin", 5), ("epoch_end", 1)]
+    # GradScale holds the gradients aside until on_optimizer_step_begin: the flush still applies them
+    _, with_grad_scale = run([GradScale(module_and_scale=[("fc", 1.0)])])
+    assert all(torch.equal(a, b) for a, b in zip(plain, with_grad_scale))
