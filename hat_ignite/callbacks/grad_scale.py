@@ -10,8 +10,7 @@ How, as HAT's callback works:
 
 * ``on_backward_end``: each gradient the backward just produced is multiplied by the scales of
   the entries that match it and apply to this (sub-)batch, then moved aside into an accumulator
-  (``accumulator += grad``) and the parameter's ``.grad`` is cleared (zeroed when it is a view,
-  such as a DDP bucket view). So exactly that backward's
+  (``accumulator += grad``) and the parameter's ``.grad`` is zeroed. So exactly that backward's
   share is scaled, whatever was accumulated before it (``grad_accumulation_step > 1``, or a
   :class:`~hat_ignite.engine.MultiBatchProcessor` step with one batch per task).
 * ``on_optimizer_step_begin``: the accumulated gradients are put back as ``.grad``; with
@@ -19,10 +18,8 @@ How, as HAT's callback works:
   model's gradients are clipped to that total norm, once per update. The batch processor's own
   checks and clipping come after (see :mod:`hat_ignite.engine.processors.base`).
 
-Between a backward and the optimizer update the parameters' ``.grad`` are therefore ``None``;
-a callback that reads gradients in ``on_backward_end`` must be placed before this one. HAT zeroes
-the gradients there instead of clearing them; the values the optimizer uses are the same, and no
-second copy of every gradient is kept.
+Between a backward and the optimizer update the parameters' ``.grad`` are therefore zeros; a
+callback that reads gradients in ``on_backward_end`` must be placed before this one.
 
 Tasks: an entry with a task name applies only to the (sub-)batches of that task, i.e. dict
 batches holding the task name as a key (HAT's multitask loaders yield ``{task_name: batch}``)
@@ -121,14 +118,12 @@ class GradScale(CallbackMixin):
                 if name in pname:
                     grad.mul_(scale)
             held = cache.get(pname)
-            if held is not None:
-                held.add_(grad)
-            elif grad._is_view():  # e.g. a DDP bucket view: copy it, keep the view for the next backward
+            if held is None:
                 cache[pname] = grad.clone()
-            else:  # take the tensor over: no copy
-                cache[pname] = grad
-                param.grad = None
-                continue
+            else:
+                held.add_(grad)
+            # zeroed, not cleared: DDP's reducer (and its bucket views) expects every gradient it
+            # all-reduced to stay defined for the next backward
             grad.zero_()
 
     @torch.no_grad()
