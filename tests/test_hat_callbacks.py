@@ -399,3 +399,18 @@ def test_the_flush_of_an_unfinished_accumulation_group_fires_on_optimizer_step_b
     # GradScale holds the gradients aside until on_optimizer_step_begin: the flush still applies them
     _, with_grad_scale = run([GradScale(module_and_scale=[("fc", 1.0)])])
     assert all(torch.equal(a, b) for a, b in zip(plain, with_grad_scale))
+
+
+def test_a_hook_that_unscales_under_fp16_does_not_make_the_processors_clipping_unscale_again():
+    class HatStyleGradClip(HatBase):
+        def on_optimizer_step_begin(self, model, optimizer, grad_scaler, **kwargs):
+            self.enabled = grad_scaler.is_enabled()
+            grad_scaler.unscale_(optimizer)  # HAT's GradClip
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
+
+    cb = HatStyleGradClip()
+    trainer = make_trainer([cb], num_steps=2, processor=dict(enable_amp=True, enable_amp_dtype=torch.float16,
+                                                             clip_grad_norm=0.5))
+    trainer.fit()  # a second unscale_ before the update would raise RuntimeError
+    assert cb.enabled and trainer.state.iteration == 2
+    assert isinstance(trainer.state.grad_norm, torch.Tensor) and trainer.state.grad_norm <= 1.0 + 1e-4
