@@ -37,6 +37,43 @@ from workloads import (  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = {"noop": 400, "mlp": 200, "cnn": 40}
+
+
+def _ten_hat_style_callbacks() -> list:
+    """(c10)'s ten callbacks written as HAT users write them: each subclasses a plain base with
+    all thirteen hooks as no-ops (HAT's ``CallbackMixin``), has no ``attach``, and implements one
+    step-level hook that counts its calls. Only the implemented hooks may cost anything."""
+
+    def noop(self: object, **kwargs: object) -> None:
+        pass
+
+    hooks = ("on_loop_begin", "on_epoch_begin", "on_step_begin", "on_batch_begin", "on_forward_begin",
+             "on_forward_end", "on_backward_begin", "on_backward_end", "on_optimizer_step_begin",
+             "on_batch_end", "on_step_end", "on_epoch_end", "on_loop_end")
+    base = type("HatCallbackBase", (), {hook: noop for hook in hooks})
+    used = ("on_step_begin", "on_batch_begin", "on_backward_end", "on_batch_end", "on_step_end")
+
+    def trivial(self: object, **kwargs: object) -> None:
+        self.calls += 1  # type: ignore[attr-defined]
+
+    return [type(f"HatTrivial{i}", (base,), {used[i % 5]: trivial, "calls": 0})() for i in range(10)]
+
+
+def run_trainer_hat_style(workload: str, data: TimedBatches) -> None:
+    """(c10) with :func:`_ten_hat_style_callbacks` instead of CallbackMixin subclasses."""
+    from hat_ignite.engine import BasicBatchProcessor, Trainer, collect_loss_by_index
+
+    model, opt = workloads.make_model(workload)
+    if workload == "noop":
+        processor = workloads._noop_processor()
+    else:
+        processor = BasicBatchProcessor(need_grad_update=True, loss_collector=collect_loss_by_index(0))
+    Trainer(model=model, data_loader=data, optimizer=opt, batch_processor=processor, device=None,
+            num_epochs=1, callbacks=_ten_hat_style_callbacks()).fit()
+
+
+BREAKDOWN_VARIANTS["c10h"] = ("(c10h) (c10) written as HAT callbacks (13 no-op base hooks, no attach)",
+                              run_trainer_hat_style)
 #: every row there is, before ``--variants`` narrows VARIANTS down
 ALL_VARIANTS = {**VARIANTS, **BREAKDOWN_VARIANTS}
 
@@ -174,6 +211,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="time steps by the wall clock (default) or by this process's CPU time (robust to other load)")
     parser.add_argument("--variants", default=None, help="comma-separated subset of: " + ",".join(VARIANTS)
                         + "; breakdown rows, only when named: " + ",".join(BREAKDOWN_VARIANTS))
+    parser.add_argument("--steps-only", action="store_true", help="only the per-step tables: no start-up or memory rows")
     parser.add_argument("--rss-child", nargs=2, metavar=("WORKLOAD", "VARIANT"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -200,6 +238,8 @@ def main(argv: list[str] | None = None) -> None:
     for workload in args.workloads.split(","):
         steps = args.steps or (12 if args.quick else STEPS[workload])
         print_step_table(workload, measure(workload, rounds, steps, warm=not args.quick), steps)
+    if args.steps_only:
+        return
     startup(1 if args.quick else 7, args.quick)
     # the quick run measures the pair the memory target compares; the full run every variant
     peak_rss("mlp", 20 if args.quick else 200, ["b", "c"] if args.quick else variants_for("mlp"))

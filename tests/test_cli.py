@@ -85,8 +85,9 @@ def test_dry_run_prints_the_engine_and_handlers_and_creates_nothing(tmp_path):
     assert out.startswith("float_trainer: hat_ignite.engine.trainer.Trainer\n")
     assert "model: MLPClassifier (9,610 parameters)" in out and "optimizer: SGD" in out
     events = [line.split()[0] for line in out.splitlines() if line.startswith("  ") and line.strip().endswith(("):", ": -"))]
-    assert events == ["LOOP_BEGIN", "EPOCH_BEGIN", "STEP_BEGIN", "BATCH_BEGIN", "BACKWARD_END", "BATCH_END",
-                      "STEP_END", "EPOCH_END", "LOOP_END"]
+    assert events == ["LOOP_BEGIN", "EPOCH_BEGIN", "STEP_BEGIN", "BATCH_BEGIN", "FORWARD_BEGIN", "FORWARD_END",
+                      "BACKWARD_BEGIN", "BACKWARD_END", "OPTIMIZER_STEP_BEGIN", "BATCH_END", "STEP_END", "EPOCH_END",
+                      "LOOP_END"]
     epoch_end = out.split("EPOCH_END (on_epoch_end):\n", 1)[1].split("  LOOP_END", 1)[0]
     order = [line.split(". ", 1)[1].split(".")[0] for line in epoch_end.strip().splitlines()]
     assert order[-3:] == ["Validation", "Checkpoint", "TensorBoard"]  # config-list order: validate, save, log

@@ -6,49 +6,105 @@ import torch
 from torch import nn
 
 from hat_ignite.callbacks import CallbackMixin
-from hat_ignite.engine import HOOK_KWARGS, BasicBatchProcessor, MultiBatchProcessor, Trainer, collect_loss_by_index
+from hat_ignite.engine import (
+    HOOK_EVENTS, HOOK_KWARGS, BasicBatchProcessor, HatEvents, MultiBatchProcessor, Trainer, collect_loss_by_index,
+)
 from hat_ignite.engine.state import COMMON_KWARGS
 
 IDS = ("epoch_id", "step_id", "global_step_id")
 
 
-class Recorder(CallbackMixin):
-    """Records (hook, ids) for every hook and checks each call's keyword names."""
+#: The keywords HAT's own loop (hat/engine/loop_base.py) and batch processors
+#: (hat/engine/processors/processor.py) pass to each hook; ours pass at least these.
+HAT_PASSES = {
+    "on_loop_begin": {"model", "optimizer", "data_loader", "num_epochs", "num_steps", "loop", "train_metrics",
+                      "val_metrics", "storage", "profiler"},
+    "on_epoch_begin": {"model", "epoch_id", "optimizer", "global_step_id", "train_metrics", "val_metrics",
+                       "storage", "data_loader", "profiler"},
+    "on_step_begin": {"model", "optimizer", *IDS, "data_loader", "start_epoch", "start_step", "train_metrics",
+                      "val_metrics", "storage", "profiler"},
+    "on_batch_begin": {"batch", "batch_idx", *IDS, "train_metrics", "val_metrics", "storage"},
+    "on_forward_begin": {"batch", "model", *IDS},
+    "on_forward_end": {"model_outs", "batch_idx", *IDS},
+    "on_backward_begin": {"model", "optimizer", "batch", *IDS},
+    "on_backward_end": {"model", "optimizer", "batch", "batch_idx", "grad_scaler", *IDS},
+    "on_optimizer_step_begin": {"model", "optimizer", "grad_scaler", *IDS},
+    "on_batch_end": {"batch", "losses", "model_outs", *IDS, "train_metrics", "val_metrics", "storage"},
+    "on_step_end": {*IDS, "data_loader", "model", "ema_model", "optimizer", "num_steps", "device", "callbacks",
+                    "train_metrics", "val_metrics", "storage", "profiler"},
+    "on_epoch_end": {"epoch_id", "global_step_id", "model", "ema_model", "optimizer", "num_epochs", "device",
+                     "callbacks", "train_metrics", "val_metrics", "storage", "profiler"},
+    "on_loop_end": {"model", "ema_model", "optimizer", "epoch_id", "global_step_id", "device", "train_metrics",
+                    "val_metrics", "callbacks", "storage", "profiler"},
+}
+
+
+class HatStyleBase:
+    """A callback base written the way HAT's is: no-op ``on_*`` hooks taking ``**kwargs``, no attach."""
+
+    def on_loop_begin(self, **kwargs):
+        pass
+
+    def on_loop_end(self, **kwargs):
+        pass
+
+    def on_epoch_begin(self, **kwargs):
+        pass
+
+    def on_epoch_end(self, **kwargs):
+        pass
+
+    def on_step_begin(self, **kwargs):
+        pass
+
+    def on_step_end(self, **kwargs):
+        pass
+
+    def on_batch_begin(self, **kwargs):
+        pass
+
+    def on_batch_end(self, **kwargs):
+        pass
+
+    def on_backward_begin(self, **kwargs):
+        pass
+
+    def on_backward_end(self, **kwargs):
+        pass
+
+    def on_optimizer_step_begin(self, **kwargs):
+        pass
+
+    def on_forward_begin(self, **kwargs):
+        pass
+
+    def on_forward_end(self, **kwargs):
+        pass
+
+
+def _recording(hook: str):
+    def method(self, **kw):
+        self._record(hook, kw)
+
+    method.__name__ = hook
+    return method
+
+
+class Recorder(HatStyleBase):
+    """Records (hook, ids) for every one of the 13 hooks and checks each call's keyword names."""
 
     def __init__(self) -> None:
         self.calls: list[tuple] = []
 
     def _record(self, hook: str, kwargs: dict) -> None:
         assert set(kwargs) == set(HOOK_KWARGS[hook]) | set(COMMON_KWARGS), hook
+        assert HAT_PASSES[hook] <= set(kwargs), (hook, HAT_PASSES[hook] - set(kwargs))
         ids = tuple(kwargs[k] for k in (*IDS, "batch_idx") if k in kwargs)
         self.calls.append((hook, *ids))
 
-    def on_loop_begin(self, **kw):
-        self._record("on_loop_begin", kw)
-
-    def on_epoch_begin(self, **kw):
-        self._record("on_epoch_begin", kw)
-
-    def on_step_begin(self, **kw):
-        self._record("on_step_begin", kw)
-
-    def on_batch_begin(self, **kw):
-        self._record("on_batch_begin", kw)
-
-    def on_backward_end(self, **kw):
-        self._record("on_backward_end", kw)
-
-    def on_batch_end(self, **kw):
-        self._record("on_batch_end", kw)
-
-    def on_step_end(self, **kw):
-        self._record("on_step_end", kw)
-
-    def on_epoch_end(self, **kw):
-        self._record("on_epoch_end", kw)
-
-    def on_loop_end(self, **kw):
-        self._record("on_loop_end", kw)
+    for _hook in HOOK_KWARGS:
+        locals()[_hook] = _recording(_hook)
+    del _hook
 
 
 class TinyNet(nn.Module):
@@ -78,12 +134,31 @@ def make_trainer(data, processor=None, **kwargs) -> tuple[Trainer, Recorder, Tin
     return trainer, rec, model
 
 
-def step_calls(epoch_id: int, step_id: int, global_step_id: int, batches: int = 1) -> list[tuple]:
+BATCH_HOOKS = ("on_batch_begin", "on_forward_begin", "on_forward_end", "on_backward_begin", "on_backward_end")
+
+
+def step_calls(epoch_id: int, step_id: int, global_step_id: int, batches: int | None = None) -> list[tuple]:
+    """HAT's order inside a step: a BasicBatchProcessor (``batches=None``) steps the optimizer
+    before ``on_batch_end``, a MultiBatchProcessor after the last batch's ``on_batch_end``."""
     ids = (epoch_id, step_id, global_step_id)
     calls = [("on_step_begin", *ids)]
-    for b in range(batches):
-        calls += [("on_batch_begin", *ids, b), ("on_backward_end", *ids, b), ("on_batch_end", *ids, b)]
+    if batches is None:
+        calls += [(hook, *ids, 0) for hook in BATCH_HOOKS]
+        calls += [("on_optimizer_step_begin", *ids), ("on_batch_end", *ids, 0)]
+    else:
+        for b in range(batches):
+            calls += [(hook, *ids, b) for hook in (*BATCH_HOOKS, "on_batch_end")]
+        calls += [("on_optimizer_step_begin", *ids)]
     return calls + [("on_step_end", *ids)]
+
+
+def test_the_thirteen_hooks_in_hat_order():
+    assert list(HOOK_EVENTS) == [
+        "on_loop_begin", "on_epoch_begin", "on_step_begin", "on_batch_begin", "on_forward_begin", "on_forward_end",
+        "on_backward_begin", "on_backward_end", "on_optimizer_step_begin", "on_batch_end", "on_step_end",
+        "on_epoch_end", "on_loop_end",
+    ]
+    assert set(HOOK_KWARGS) == set(HOOK_EVENTS) == set(HAT_PASSES)
 
 
 def test_stop_by_epoch_order_and_ids():
@@ -97,8 +172,9 @@ def test_stop_by_epoch_order_and_ids():
             expected += step_calls(epoch, step, g)
             g += 1
         expected.append(("on_epoch_end", epoch, g))
-    expected.append(("on_loop_end", 1, g))
+    expected.append(("on_loop_end", 2, g))  # HAT's epoch counter after the loop: past the last epoch
     assert rec.calls == expected
+    assert not hasattr(Recorder, "attach")  # attached as HAT's callbacks are: by their hooks
 
 
 def test_stop_by_step_crossing_an_epoch_boundary_closes_the_last_epoch():
@@ -108,7 +184,7 @@ def test_stop_by_step_crossing_an_epoch_boundary_closes_the_last_epoch():
     expected += step_calls(0, 0, 0) + step_calls(0, 1, 1) + step_calls(0, 2, 2)
     expected += [("on_epoch_end", 0, 3), ("on_epoch_begin", 1, 3)]
     expected += step_calls(1, 0, 3) + step_calls(1, 1, 4)
-    expected += [("on_epoch_end", 1, 5), ("on_loop_end", 1, 5)]
+    expected += [("on_epoch_end", 1, 5), ("on_loop_end", 2, 5)]
     assert rec.calls == expected
     # on_step_begin fires exactly once per step (HAT fired one more at an epoch's end)
     assert sum(c[0] == "on_step_begin" for c in rec.calls) == 5
@@ -129,7 +205,7 @@ def test_multi_batch_processor_two_batches_per_step_one_optimizer_step():
     trainer.fit()
     expected = [("on_loop_begin",), ("on_epoch_begin", 0, 0)]
     expected += step_calls(0, 0, 0, batches=2) + step_calls(0, 1, 1, batches=2)
-    expected += [("on_epoch_end", 0, 2), ("on_loop_end", 0, 2)]
+    expected += [("on_epoch_end", 0, 2), ("on_loop_end", 1, 2)]
     assert rec.calls == expected
     assert steps == [1, 2]  # one optimizer step per training step, after both batches
     assert isinstance(trainer.state.output, list) and len(trainer.state.output) == 2

@@ -119,7 +119,8 @@ def make_validation(rec: ValRecorder | None = None, **kwargs) -> Validation:
 def test_every_second_epoch_and_at_train_end():
     rec = ValRecorder()
     trainer, points = fit(make_validation(rec, val_interval=2), num_epochs=5)
-    assert points.points == [("epoch", 1, 12), ("epoch", 3, 24), ("loop", 4, 30)]
+    # at loop end HAT's epoch_id is one past the last epoch (5 after epochs 0..4)
+    assert points.points == [("epoch", 1, 12), ("epoch", 3, 24), ("loop", 5, 30)]
     assert rec.model_ids == [id(trainer.model)] * 3 and rec.training_flags == [False] * 9
     storage = trainer.state.storage
     assert storage["monitor_obj"]["accuracy"] == pytest.approx(accuracy_of(trainer.model, val_loader()), abs=1e-6)
@@ -137,7 +138,7 @@ def test_no_second_validation_of_the_same_point_and_val_on_train_end_off():
 
 def test_every_n_steps():
     _, points = fit(make_validation(val_interval=4, interval_by="step"), stop_by="step", num_steps=14)
-    assert points.points == [("step", 0, 3), ("step", 1, 7), ("step", 1, 11), ("loop", 2, 14)]
+    assert points.points == [("step", 0, 3), ("step", 1, 7), ("step", 1, 11), ("loop", 3, 14)]
     _, points = fit(make_validation(val_interval=4, interval_by="step"), stop_by="step", num_steps=12)
     assert points.points == [("step", 0, 3), ("step", 1, 7), ("step", 1, 11)]
 

@@ -7,19 +7,25 @@ from typing import Any, Callable
 from ignite.engine import Engine
 from ignite.engine.events import RemovableEventHandle
 
-from hat_ignite.engine.dispatch import attach_hooks
+from hat_ignite.engine.dispatch import attach_hooks, is_noop
 from hat_ignite.engine.events import HOOK_EVENTS
 
 __all__ = ["CallbackMixin"]
 
 
 class CallbackMixin:
-    """Callback interface: override any of the nine ``on_*`` hooks.
+    """Callback interface: override any of the thirteen ``on_*`` hooks.
 
     Each hook receives HAT's keyword arguments (see :data:`hat_ignite.engine.HOOK_KWARGS`) and
     should take ``**kwargs`` for the ones it does not use. :meth:`attach` registers only the hooks
-    a subclass overrides, each as one Ignite handler on its :class:`~hat_ignite.engine.HatEvents`
-    event; a hook that asks for a keyword it is never passed is rejected right there.
+    a subclass overrides with a method that does something (a body of only ``pass`` or a
+    docstring is a no-op and is not attached), each as one Ignite handler on its
+    :class:`~hat_ignite.engine.HatEvents` event; a hook that asks for a keyword it is never
+    passed, or an ``on_*`` method that is no hook (``on_step_ends``), is rejected right there.
+
+    Callbacks written for HAT need not subclass this class: any object with HAT hooks and no
+    ``attach`` method is attached the same way (see
+    :func:`~hat_ignite.engine.dispatch.attach_hat_callback`).
 
     Example:
         >>> class CountSteps(CallbackMixin):
@@ -43,8 +49,20 @@ class CallbackMixin:
     def on_batch_begin(self, **kwargs: Any) -> None:
         """Before each batch; a multitask step may have several batches."""
 
+    def on_forward_begin(self, **kwargs: Any) -> None:
+        """Right before each batch's forward (after the device move and batch transforms)."""
+
+    def on_forward_end(self, **kwargs: Any) -> None:
+        """Right after each batch's forward (and inverse transforms)."""
+
+    def on_backward_begin(self, **kwargs: Any) -> None:
+        """Right before each batch's backward (training only)."""
+
     def on_backward_end(self, **kwargs: Any) -> None:
         """After each batch's backward (training only)."""
+
+    def on_optimizer_step_begin(self, **kwargs: Any) -> None:
+        """Right before each optimizer update (gradients final, not yet checked or clipped)."""
 
     def on_batch_end(self, **kwargs: Any) -> None:
         """After each batch; a multitask step may have several batches."""
@@ -59,8 +77,9 @@ class CallbackMixin:
         """Once, after the last epoch."""
 
     def overridden_hooks(self) -> list[str]:
-        """The hook names this callback's class overrides, in firing order."""
-        return [h for h in HOOK_EVENTS if getattr(type(self), h) is not getattr(CallbackMixin, h)]
+        """The hook names this callback's class implements (not as a no-op), in firing order."""
+        cls = type(self)
+        return [h for h in HOOK_EVENTS if not is_noop(getattr(cls, h))]
 
     def hook_methods(self) -> dict[str, Callable[..., Any]]:
         """The bound method to attach for each hook of :meth:`overridden_hooks`."""

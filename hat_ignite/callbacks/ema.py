@@ -9,9 +9,12 @@ The rule, as HAT (and YOLOv5's ``ModelEMA``) writes it: after the ``t``-th optim
     e \\leftarrow d_t \\, e + (1 - d_t) \\, p
 
 so early in training (``d_t`` near 0) the average follows the model closely and it settles
-into a slow average (``d_t -> decay``) after a few ``decay_base`` updates. Buffers (BatchNorm
-running statistics, counters) are copied from the model by default; ``handle_buffers="ema"``
-averages the floating-point ones like the parameters (YOLOv5's choice).
+into a slow average (``d_t -> decay``) after a few ``decay_base`` updates. The arithmetic is
+HAT's, operation for operation (``e *= d_t``, then ``e += (1 - d_t) * p``, in the tensors'
+dtype), so the average equals HAT's bit for bit, not just to rounding (a ``lerp`` form of the
+same rule drifts from it by a few float32 ulps within tens of updates). Floating-point buffers
+(BatchNorm running statistics) are averaged the same way by default, as HAT does, and integer
+buffers (counters) copied from the model; ``handle_buffers="copy"`` copies every buffer instead.
 
 When: once per real optimizer update. The callback counts the optimizer's own ``step()`` calls
 (``Optimizer.register_step_post_hook``), so with ``grad_accumulation_step > 1`` the steps that
@@ -37,7 +40,7 @@ Why not Ignite's ``EMAHandler``: its ``momentum`` is the weight of the live mode
 ``1 - d_t``) with a linear, stateful warm-up; HAT's ramp would need the momentum rewritten
 before every update, the handler updates on every iteration event rather than on optimizer
 updates (wrong under gradient accumulation), and it does not unwrap ``DataParallel``. What is
-left of it — a ``torch._foreach_lerp_`` over matching tensors — is the few lines below.
+left of it — a ``torch._foreach`` update over matching tensors — is the few lines below.
 """
 
 from __future__ import annotations
@@ -83,8 +86,8 @@ class ExponentialMovingAverage(CallbackMixin):
         decay: the decay the ramp approaches (HAT's default ``0.9999``); in ``[0, 1)``.
         decay_base: the ramp's time constant in optimizer updates (default ``2000``); after
             ``decay_base`` updates the decay is ``63 %`` of ``decay``.
-        handle_buffers: ``"copy"`` (buffers follow the model) or ``"ema"`` (floating-point
-            buffers are averaged like the parameters, integer ones copied).
+        handle_buffers: ``"ema"`` (HAT's: floating-point buffers are averaged like the
+            parameters, integer ones copied) or ``"copy"`` (buffers follow the model).
 
     Place it before the callbacks that use ``ema_model`` at step end (step-interval
     ``Validation`` or ``Checkpoint``).
@@ -97,7 +100,7 @@ class ExponentialMovingAverage(CallbackMixin):
         {'updates': 0}
     """
 
-    def __init__(self, decay: float = 0.9999, decay_base: float = 2000, handle_buffers: str = "copy") -> None:
+    def __init__(self, decay: float = 0.9999, decay_base: float = 2000, handle_buffers: str = "ema") -> None:
         if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0.0 <= decay < 1.0:
             raise ValueError(f"ExponentialMovingAverage: decay must be a number in [0, 1), got {decay!r}.")
         if isinstance(decay_base, bool) or not isinstance(decay_base, (int, float)) or not decay_base > 0:
@@ -134,24 +137,26 @@ class ExponentialMovingAverage(CallbackMixin):
             )
         source = unwrap_model(model)
         self.updates += 1
-        weight = 1.0 - self.decay_at(self.updates)  # the model's share: e + w * (p - e)
+        d = self.decay_at(self.updates)
         mine = dict(self._ema.named_parameters())
         theirs = dict(source.named_parameters())
         if mine.keys() != theirs.keys():
             raise _mismatch("parameters", set(mine), set(theirs))
-        if mine:
-            names = list(mine)
-            torch._foreach_lerp_([mine[n] for n in names], [theirs[n].detach() for n in names], weight)
         my_buffers = dict(self._ema.named_buffers())
         their_buffers = dict(source.named_buffers())
         if my_buffers.keys() != their_buffers.keys():
             raise _mismatch("buffers", set(my_buffers), set(their_buffers))
+        averaged = [(mine[n], theirs[n]) for n in mine if mine[n].is_floating_point()]
         for name, buf in my_buffers.items():
-            src = their_buffers[name]
             if self.handle_buffers == "ema" and buf.is_floating_point():
-                buf.lerp_(src, weight)
+                averaged.append((buf, their_buffers[name]))
             else:
-                buf.copy_(src)
+                buf.copy_(their_buffers[name])
+        if averaged:
+            ema_tensors = [e for e, _ in averaged]
+            # HAT's two operations: e *= d, then e += (1 - d) * p (one rounding each, as HAT's)
+            torch._foreach_mul_(ema_tensors, d)
+            torch._foreach_add_(ema_tensors, torch._foreach_mul([p.detach() for _, p in averaged], 1.0 - d))
 
     # -- hooks ------------------------------------------------------------------------------
     def _mark_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:

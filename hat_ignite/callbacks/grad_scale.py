@@ -1,32 +1,35 @@
-"""`GradScale`: scale the gradients of chosen sub-modules (per task), optionally clip, after backward.
+"""`GradScale`: scale the gradients of chosen parameters (per task), then optionally clip, as HAT does.
 
 In multitask training, turning one task's influence on a shared backbone down is often easier
-with a gradient factor than with loss weights. For each ``(module_name, scale[, task_name])``
-entry, ``on_backward_end`` multiplies by ``scale`` the gradient that the backward just computed
-for the parameters of ``module_name`` (a dotted sub-module path; nested entries multiply).
+with a gradient factor than with loss weights. Each ``(name, scale[, task_name])`` entry applies
+to every parameter whose name (as ``model.named_parameters()`` gives it) *contains* ``name``, as
+in HAT: ``("backbone", 0.1)`` scales ``backbone.conv.weight``, and ``("bias", 0.5)`` every bias.
+Several matching entries multiply, one after the other.
 
-Exactly that backward's share is scaled: when gradients were already accumulated before it
-(``grad_accumulation_step > 1``, or a :class:`~hat_ignite.engine.MultiBatchProcessor` step
-with several batches), the earlier part is kept aside at ``on_batch_begin`` and left as it was,
-so a task's scale never touches another task's gradient. A ``GradScaler``'s loss scale does not
-matter (scaling is linear).
+How, as HAT's callback works:
+
+* ``on_backward_end``: each gradient the backward just produced is multiplied by the scales of
+  the entries that match it and apply to this (sub-)batch, then moved aside into an accumulator
+  (``accumulator += grad``) and the parameter's ``.grad`` is zeroed. So exactly that backward's
+  share is scaled, whatever was accumulated before it (``grad_accumulation_step > 1``, or a
+  :class:`~hat_ignite.engine.MultiBatchProcessor` step with one batch per task).
+* ``on_optimizer_step_begin``: the accumulated gradients are put back as ``.grad``; with
+  ``clip_grad_norm``, ``grad_scaler.unscale_(optimizer)`` runs (a no-op without fp16 AMP) and the
+  model's gradients are clipped to that total norm, once per update. The batch processor's own
+  checks and clipping come after (see :mod:`hat_ignite.engine.processors.base`).
+
+Between a backward and the optimizer update the parameters' ``.grad`` are therefore zeros; a
+callback that reads gradients in ``on_backward_end`` must be placed before this one.
 
 Tasks: an entry with a task name applies only to the (sub-)batches of that task, i.e. dict
 batches holding the task name as a key (HAT's multitask loaders yield ``{task_name: batch}``)
 or whose ``"task_name"`` value equals it; an entry without one (or ``None``) applies to every
 batch.
-
-Clipping: with ``clip_grad_norm``, after scaling, the gradients of all of the model's
-parameters are clipped to that total norm (``torch.nn.utils.clip_grad_norm_`` with
-``clip_norm_type``), as HAT does, after every backward. Under an enabled fp16 ``GradScaler`` the
-gradients are still multiplied by the loss scale at that point, so the limit is multiplied by
-it too (the same as unscale, clip, rescale). With several backwards per update this clips each
-partial sum; to clip the whole update once, use the batch processor's ``clip_grad_norm``
-instead (:mod:`hat_ignite.engine.processors.grad_clip`).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping
 from typing import Any, Sequence
@@ -35,29 +38,31 @@ import torch
 from torch import nn
 
 from hat_ignite.callbacks.base import CallbackMixin
-from hat_ignite.callbacks.checkpoint_payload import unwrap_model
-from hat_ignite.callbacks.module_schedule import get_submodule
 
 __all__ = ["GradScale"]
 
+logger = logging.getLogger(__name__)
+
 
 def _applies(task: str | None, batch: Any) -> bool:
-    if task is None:
+    if not task:
         return True
     return isinstance(batch, Mapping) and (task in batch or batch.get("task_name") == task)
 
 
 class GradScale(CallbackMixin):
-    """Scale named sub-modules' gradients after each backward, then optionally clip (module docs).
+    """Scale the gradients of parameters matched by name, per task, then optionally clip (module docs).
 
     Args:
-        module_and_scale: entries ``(module_name, scale)`` or ``(module_name, scale, task_name)``.
-        clip_grad_norm: max total gradient norm after scaling; ``None``: no clipping.
+        module_and_scale: entries ``(name, scale)`` or ``(name, scale, task_name)``; ``name`` is
+            matched as a substring of the parameter names.
+        clip_grad_norm: max total gradient norm, applied once per update after scaling;
+            ``None``: no clipping.
         clip_norm_type: the norm's order for clipping (``2``; ``"inf"`` for the max norm).
 
     Example:
-        >>> GradScale(module_and_scale=[("backbone", 0.1, "real3d_fov120"), ("head", 1.0)], clip_grad_norm=35)
-        GradScale(module_and_scale=[('backbone', 0.1, 'real3d_fov120'), ('head', 1.0, None)], clip_grad_norm=35.0, clip_norm_type=2.0)
+        >>> GradScale(module_and_scale=[("backbone", 0.1, "real3d_fov120"), ("bias", 0.5)], clip_grad_norm=35)
+        GradScale(module_and_scale=[('backbone', 0.1, 'real3d_fov120'), ('bias', 0.5, None)], clip_grad_norm=35.0, clip_norm_type=2.0)
     """
 
     def __init__(
@@ -86,45 +91,53 @@ class GradScale(CallbackMixin):
         self.module_and_scale = entries
         self.clip_grad_norm = None if clip_grad_norm is None else float(clip_grad_norm)
         self.clip_norm_type = float(clip_norm_type)
-        self._before: dict[int, torch.Tensor] = {}  # id(param) -> gradient accumulated before this backward
-
-    def _params(self, model: nn.Module, name: str) -> list[nn.Parameter]:
-        return list(get_submodule(unwrap_model(model), name, "GradScale").parameters())
+        #: parameter name -> the gradient accumulated (and scaled) since the last update
+        self._grad_cache: dict[str, torch.Tensor] = {}
 
     def on_loop_begin(self, model: nn.Module, **kwargs: Any) -> None:
-        for name, _, _ in self.module_and_scale:
-            get_submodule(unwrap_model(model), name, "GradScale")
-        self._before = {}
-
-    def on_batch_begin(self, loop: Any, batch: Any, **kwargs: Any) -> None:
-        self._before = {}
+        names = [n for n, _ in model.named_parameters()]
         for name, scale, task in self.module_and_scale:
-            if scale != 1.0 and _applies(task, batch):
-                for p in self._params(loop.model, name):
-                    if p.grad is not None and id(p) not in self._before:
-                        self._before[id(p)] = p.grad.detach().clone()
+            if not any(name in n for n in names):
+                logger.warning(
+                    "GradScale: the entry (%r, %s, %r) matches no parameter name of %s, so it scales "
+                    "nothing; parameter names look like %r.", name, scale, task, type(model).__name__, names[:3],
+                )
+        logger.info("GradScale: %s", self.module_and_scale)
+        self._grad_cache = {}
 
     @torch.no_grad()
-    def on_backward_end(self, model: nn.Module, batch: Any, optimizer: Any, grad_scaler: Any = None, **kwargs: Any) -> None:
-        """Scale this backward's gradients of each matching entry, then clip if asked."""
-        for name, scale, task in self.module_and_scale:
-            if scale == 1.0 or not _applies(task, batch):
+    def on_backward_end(self, model: nn.Module, batch: Any, **kwargs: Any) -> None:
+        """Scale this backward's gradients, entry by entry, and move them into the accumulator."""
+        active = [(name, scale) for name, scale, task in self.module_and_scale if _applies(task, batch)]
+        cache = self._grad_cache
+        for pname, param in model.named_parameters():
+            grad = param.grad
+            if grad is None:
                 continue
-            for p in self._params(model, name):
-                if p.grad is None:
-                    continue
-                before = self._before.get(id(p))
-                if before is None:
-                    p.grad.mul_(scale)
-                else:  # keep what earlier backwards accumulated: before + scale * (grad - before)
-                    p.grad.sub_(before).mul_(scale).add_(before)
-        self._before = {}
+            for name, scale in active:
+                if name in pname:
+                    grad.mul_(scale)
+            held = cache.get(pname)
+            if held is None:
+                cache[pname] = grad.clone()
+            else:
+                held.add_(grad)
+            # zeroed, not cleared: DDP's reducer (and its bucket views) expects every gradient it
+            # all-reduced to stay defined for the next backward
+            grad.zero_()
+
+    @torch.no_grad()
+    def on_optimizer_step_begin(self, model: nn.Module, optimizer: Any, grad_scaler: Any, **kwargs: Any) -> None:
+        """Put the accumulated gradients back, then clip them if asked (after ``unscale_``)."""
+        cache = self._grad_cache
+        for pname, param in model.named_parameters():
+            held = cache.get(pname)
+            if held is not None:
+                param.grad = held
+        self._grad_cache = {}
         if self.clip_grad_norm is not None:
-            limit = self.clip_grad_norm
-            if grad_scaler is not None and grad_scaler.is_enabled():
-                limit *= float(grad_scaler.get_scale())
-            params = [p for p in unwrap_model(model).parameters() if p.grad is not None]
-            torch.nn.utils.clip_grad_norm_(params, limit, norm_type=self.clip_norm_type)
+            grad_scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=self.clip_grad_norm, norm_type=self.clip_norm_type)
 
     def __repr__(self) -> str:
         return (

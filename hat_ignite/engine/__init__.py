@@ -16,7 +16,7 @@ from hat_ignite.engine.processors import (
     collect_loss_by_index,
     collect_loss_by_regex,
 )
-from hat_ignite.engine.state import HOOK_KWARGS, HatState
+from hat_ignite.engine.state import HOOK_KWARGS, EventStorage, HatState
 from hat_ignite.engine.task_sampler import TaskSampler
 from hat_ignite.engine.trainer import Trainer
 
@@ -25,6 +25,7 @@ __all__ = [
     "HOOK_EVENTS",
     "HOOK_KWARGS",
     "HatState",
+    "EventStorage",
     "LoopBase",
     "Trainer",
     "DistributedDataParallelTrainer",

@@ -30,6 +30,7 @@ import torch
 from hat_ignite.engine.dispatch import fire_hat_event
 from hat_ignite.engine.events import HatEvents
 from hat_ignite.engine.processors.nonfinite import in_distributed_run
+from hat_ignite.engine.state import EventStorage
 from hat_ignite.errors import DataError
 
 if TYPE_CHECKING:
@@ -65,7 +66,7 @@ def set_sampler_epoch(data_loader: Iterable, epoch_id: int) -> None:
 
 def on_started(engine: LoopBase) -> None:
     engine.multi_process = in_distributed_run()  # read once a run by the per-step checks
-    engine.state.storage = {}
+    engine.state.storage = EventStorage()
     engine.state.hat_batch_count = 0
     engine.state.epoch_open = False
     engine.set_model_mode()

@@ -1,5 +1,14 @@
 """Attaching HAT hooks to an engine's events.
 
+Which methods are hooks: every method named like one of the 13 hooks of
+:data:`~hat_ignite.engine.events.HOOK_EVENTS` whose body does something. A method whose body is
+empty (``pass``, ``...``, only a docstring) is a no-op, as HAT's ``CallbackMixin`` base hooks
+are: it is not attached, so a hook nobody implements costs nothing per step
+(:func:`is_noop`). Any other method whose name starts with ``on_`` (``on_step_ends``) is an error
+at attach time, naming the hooks that exist: a misspelled hook is never silently not called.
+Objects with no ``attach`` method (HAT callbacks, which subclass HAT's own ``CallbackMixin``, or
+any plain class) are attached by :func:`attach_hat_callback`.
+
 Each hook method becomes one Ignite handler on the matching :class:`HatEvents` event, in the order
 callbacks are attached (config-list order), so HAT callbacks and Ignite handlers interleave
 exactly as registered, and Ignite's tools (``has_event_handler``, ``HandlersTimeProfiler``) see
@@ -12,8 +21,11 @@ A method whose ``**kwargs`` is only read by constant key (``kwargs["epoch_id"]``
 
 from __future__ import annotations
 
+import difflib
+import dis
 import inspect
 import weakref
+from types import FunctionType, MethodType
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from ignite.engine.events import RemovableEventHandle
@@ -26,13 +38,75 @@ from hat_ignite.errors import CallbackSignatureError
 if TYPE_CHECKING:  # pragma: no cover
     from hat_ignite.engine.loop import LoopBase
 
-__all__ = ["HookCall", "attach_hooks", "check_hook_signature", "fire_hat_event"]
+__all__ = [
+    "HookCall", "attach_hooks", "attach_hat_callback", "check_hook_signature", "check_hook_names", "fire_hat_event",
+    "hat_hook_methods", "is_noop",
+]
 
 
 _FULL_BUILDERS = {hook: kwargs_builder(hook) for hook in HOOK_EVENTS}
 # hook name by ``event.hat_index``: a tuple index, where a dict keyed by the event would pay its
 # Python-level ``__hash__`` at every firing
 _HOOK_BY_INDEX = tuple(sorted(HOOK_EVENTS, key=lambda hook: HOOK_EVENTS[hook].hat_index))
+
+
+_NOOP_SKIP = frozenset({"RESUME", "NOP", "CACHE", "EXTENDED_ARG"})
+
+
+def is_noop(method: Any) -> bool:
+    """Whether calling ``method`` does nothing: its body is ``pass``, ``...`` or only a docstring.
+
+    Decorated functions, builtins and callables other than plain Python functions are never
+    no-ops (what they do cannot be read from their code).
+
+    >>> class Base:
+    ...     def on_step_end(self, **kwargs):
+    ...         pass
+    ...     def on_epoch_end(self, **kwargs):
+    ...         \"\"\"Only a docstring.\"\"\"
+    ...     def on_loop_end(self, **kwargs):
+    ...         self.ended = True
+    >>> is_noop(Base.on_step_end), is_noop(Base().on_epoch_end), is_noop(Base.on_loop_end)
+    (True, True, False)
+    >>> is_noop(print)
+    False
+    """
+    func = method.__func__ if isinstance(method, MethodType) else method
+    if not isinstance(func, FunctionType):
+        return False
+    code = func.__code__
+    ops = [(ins.opname, ins.argval) for ins in dis.get_instructions(code) if ins.opname not in _NOOP_SKIP]
+    return ops in ([("RETURN_CONST", None)], [("LOAD_CONST", None), ("RETURN_VALUE", None)])
+
+
+def check_hook_names(owner: Any) -> None:
+    """Refuse a callback with an ``on_*`` method that is no HAT hook (a misspelled hook).
+
+    Raises:
+        CallbackSignatureError: naming the class, the method, the closest hook names and all
+            13 hooks.
+    """
+    cls = type(owner)
+    for name in dir(cls):
+        if not name.startswith("on_") or name in HOOK_EVENTS or not callable(getattr(cls, name, None)):
+            continue
+        close = difflib.get_close_matches(name, HOOK_EVENTS, n=2, cutoff=0.6)
+        hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
+        raise CallbackSignatureError(
+            f"{cls.__name__}.{name} is named like a HAT hook, but no engine event calls a hook of "
+            f"that name, so it would never run.{hint} The hooks are: {', '.join(HOOK_EVENTS)}. "
+            f"Rename the method (a helper method must not start with 'on_')."
+        )
+
+
+def hat_hook_methods(owner: Any) -> dict[str, Callable]:
+    """The bound method of each hook ``owner`` implements (not a no-op, see :func:`is_noop`), in firing order."""
+    methods = {}
+    for hook in HOOK_EVENTS:
+        method = getattr(owner, hook, None)
+        if method is not None and callable(method) and not is_noop(method):
+            methods[hook] = method
+    return methods
 
 
 def check_hook_signature(owner: Any, hook: str, method: Callable) -> frozenset[str] | None:
@@ -119,7 +193,7 @@ def fire_hat_event(engine: LoopBase, event: Any) -> None:
     """Call the handlers of a HAT event, in registration order; return at once if none.
 
     The handlers are read from the engine's registry (``engine.hat_handlers`` holds the lists of
-    Ignite's ``_event_handlers`` for the nine events, by ``event.hat_index``, so finding that an
+    Ignite's ``_event_handlers`` for the thirteen events, by ``event.hat_index``, so finding that an
     event has no handler costs no hashing of the event), so Ignite's ``add_event_handler``,
     ``remove_event_handler``, event filters and profilers that wrap handlers all keep working.
     A HAT hook is called directly; any other handler as Ignite calls it (with the engine first
@@ -159,14 +233,49 @@ def fire_hat_event(engine: LoopBase, event: Any) -> None:
 def attach_hooks(engine: LoopBase, owner: Any, methods: Mapping[str, Callable]) -> list[RemovableEventHandle]:
     """Attach each ``hook -> bound method`` of ``owner`` to ``engine``, in firing order.
 
-    Every signature is checked before anything is attached, so a bad callback attaches nothing.
+    Every signature, and the names of ``owner``'s ``on_*`` methods (:func:`check_hook_names`),
+    are checked before anything is attached, so a bad callback attaches nothing.
 
     Returns:
         The handles; ``handle.remove()`` detaches a hook again.
     """
+    check_hook_names(owner)
+    for hook in HOOK_EVENTS:  # the hooks not attached (no-ops) must still be callable as HAT calls them
+        method = getattr(owner, hook, None)
+        if hook not in methods and callable(method):
+            check_hook_signature(owner, hook, method)
     calls = [
         HookCall(hook, methods[hook], check_hook_signature(owner, hook, methods[hook]))
         for hook in HOOK_EVENTS
         if hook in methods
     ]
     return [engine.add_event_handler(HOOK_EVENTS[call.hook], call) for call in calls]
+
+
+def attach_hat_callback(engine: LoopBase, owner: Any) -> list[RemovableEventHandle]:
+    """Attach a HAT callback that has no ``attach`` method: each hook it implements, as is.
+
+    This is how a callback written for HAT (a subclass of HAT's ``CallbackMixin``, whose base
+    hooks are no-ops, or any plain class with ``on_*`` methods) runs unchanged.
+
+    Example:
+        >>> import torch
+        >>> from hat_ignite.engine import BasicBatchProcessor, HatEvents, Predictor
+        >>> class HatBase:                      # HAT's callback base: no-op hooks, no attach()
+        ...     def on_step_end(self, **kwargs):
+        ...         pass
+        ...     def on_batch_end(self, **kwargs):
+        ...         pass
+        >>> class CountSteps(HatBase):
+        ...     steps = 0
+        ...     def on_step_end(self, global_step_id, **kwargs):
+        ...         self.steps = global_step_id + 1
+        >>> counter = CountSteps()
+        >>> predictor = Predictor(model=torch.nn.Linear(2, 1), data_loader=[torch.zeros(1, 2)] * 3,
+        ...     batch_processor=BasicBatchProcessor(need_grad_update=False), callbacks=[counter])
+        >>> predictor.event_handlers(HatEvents.STEP_END), predictor.event_handlers(HatEvents.BATCH_END)
+        (['CountSteps.on_step_end'], [])
+        >>> _ = predictor.fit(); counter.steps
+        3
+    """
+    return attach_hooks(engine, owner, hat_hook_methods(owner))

@@ -1,8 +1,8 @@
-"""`HatEventsMixin`: the nine HAT events on an Ignite engine, and how every event is fired.
+"""`HatEventsMixin`: the thirteen HAT events on an Ignite engine, and how every event is fired.
 
 :class:`~hat_ignite.engine.loop.LoopBase` takes its event handling from here: it registers
 :class:`~hat_ignite.engine.events.HatEvents` with Ignite, keeps ``hat_handlers`` (the registry's
-own handler lists of the nine events, by ``event.hat_index``) in step with Ignite's
+own handler lists of the thirteen events, by ``event.hat_index``) in step with Ignite's
 ``add_event_handler`` / ``remove_event_handler``, fires HAT events through
 :func:`~hat_ignite.engine.dispatch.fire_hat_event` and Ignite's own events as Ignite does, minus
 Ignite's per-event debug formatting when nothing logs it.
@@ -38,7 +38,7 @@ class HatEventsMixin:
     def _init_hat_events(self) -> None:
         """Register the HAT events and the handler-list view; called once, from ``__init__``."""
         self.register_events(*HatEvents, event_to_attr=EVENT_COUNTERS)  # type: ignore[attr-defined]
-        #: The handler lists of the nine HAT events, by ``event.hat_index``: the very lists of
+        #: The handler lists of the thirteen HAT events, by ``event.hat_index``: the very lists of
         #: Ignite's registry (kept in step by add/remove_event_handler), read without hashing.
         self.hat_handlers: list[list] = []
         self._step_begin_bridged = False  # see add_event_handler
@@ -113,7 +113,7 @@ class HatEventsMixin:
             >>> from hat_ignite.engine import BasicBatchProcessor, HatEvents, Predictor
             >>> from hat_ignite.callbacks import CallbackMixin
             >>> class Ping(CallbackMixin):
-            ...     def on_step_end(self, **kwargs): pass
+            ...     def on_step_end(self, **kwargs): self.pinged = True
             >>> predictor = Predictor(model=torch.nn.Linear(2, 1), data_loader=[torch.zeros(1, 2)],
             ...     batch_processor=BasicBatchProcessor(need_grad_update=False), callbacks=[Ping()])
             >>> predictor.event_handlers(HatEvents.STEP_END)

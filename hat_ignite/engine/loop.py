@@ -1,6 +1,6 @@
 """`LoopBase`: a HAT loop that *is* an Ignite :class:`~ignite.engine.Engine`.
 
-The batch processor runs in the engine's process function; HAT's nine hooks are Ignite custom
+The batch processor runs in the engine's process function; HAT's thirteen hooks are Ignite custom
 events (:class:`~hat_ignite.engine.events.HatEvents`, registered and fired by
 :class:`~hat_ignite.engine.event_registry.HatEventsMixin`) fired from Ignite's own events by the
 small bridge functions of :mod:`hat_ignite.engine.bridge`. There is no second loop: ``fit()``
@@ -25,6 +25,7 @@ from hat_ignite.engine.bridge import (
     on_started,
     run_step,
 )
+from hat_ignite.engine.dispatch import attach_hat_callback, hat_hook_methods
 from hat_ignite.engine.event_registry import HatEventsMixin
 from hat_ignite.engine.events import HatEvents
 from hat_ignite.engine.resumable import ResumableLoopMixin
@@ -35,6 +36,20 @@ __all__ = ["LoopBase", "build_if_config", "resolve_device"]
 logger = logging.getLogger(__name__)
 
 _STOP_BY = ("epoch", "step")
+
+
+def _as_list(obj: Any) -> Any:
+    """``obj`` as HAT's loop stores metrics: a list or tuple as is, a set as a list, else ``[obj]``.
+
+    A dict of metrics (``{"acc": Accuracy()}``, which HAT would wrap as ``[dict]``) is kept as is,
+    so callbacks can still look metrics up by name.
+
+    >>> _as_list(None), _as_list("m"), _as_list(["a", "b"]), _as_list({"acc": "m"})
+    ([None], ['m'], ['a', 'b'], {'acc': 'm'})
+    """
+    if isinstance(obj, (list, tuple, dict)):
+        return obj
+    return list(obj) if isinstance(obj, set) else [obj]
 
 
 def build_if_config(obj: Any, key: str, **default_args: Any) -> Any:
@@ -113,10 +128,12 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
         num_steps: steps to run when ``stop_by="step"``; ``0`` runs only the loop begin/end
             hooks.
         start_step: 0-based global step to start from.
-        callbacks: HAT callbacks (or their configs), or any object with ``attach(engine)``
-            such as an Ignite handler; attached in list order.
-        train_metrics: metrics on the training data, passed to every hook.
-        val_metrics: metrics on the validation data, passed to every hook.
+        callbacks: HAT callbacks (or their configs): hat-ignite ``CallbackMixin`` subclasses,
+            callbacks written for HAT (any object with HAT ``on_*`` hooks and no ``attach``), or
+            any object with ``attach(engine)`` such as an Ignite handler; attached in list order.
+        train_metrics: metrics on the training data, passed to every hook as a list, as in HAT
+            (one metric ``m`` as ``[m]``, ``None`` as ``[None]``).
+        val_metrics: metrics on the validation data, passed to every hook as a list (likewise).
         profiler: ``None``, ``"simple"`` (a :class:`~hat_ignite.profiler.SimpleProfiler`), a
             profiler config or instance (e.g. a :class:`~hat_ignite.profiler.TorchProfiler`); it is
             attached to the loop and passed to every hook.
@@ -203,8 +220,8 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
         self.start_epoch = start_epoch or 0
         self.num_steps = num_steps
         self.start_step = start_step or 0
-        self.train_metrics = build_if_config(train_metrics, "train_metrics")
-        self.val_metrics = build_if_config(val_metrics, "val_metrics")
+        self.train_metrics = _as_list(build_if_config(train_metrics, "train_metrics"))
+        self.val_metrics = _as_list(build_if_config(val_metrics, "val_metrics"))
         if profiler is not None:
             from hat_ignite.profiler import build_profiler  # only runs that profile import it
 
@@ -255,13 +272,17 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
         for i, cb in enumerate(callbacks):
             cb = build_if_config(cb, f"{key}[{i}]")
             attach = getattr(cb, "attach", None)
-            if not callable(attach):
+            if callable(attach):
+                handles = attach(self)
+            elif hat_hook_methods(cb) or any(n.startswith("on_") for n in dir(type(cb))):
+                handles = attach_hat_callback(self, cb)  # a callback written for HAT, as it is
+            else:
                 raise TypeError(
-                    f"{key}[{i}] is a {type(cb).__name__}, which has no attach(engine) method. A "
-                    f"callback must be a hat_ignite CallbackMixin or an Ignite-style handler with "
-                    f"attach(engine); a plain function can be attached with engine.add_event_handler."
+                    f"{key}[{i}] is a {type(cb).__name__}, which has neither HAT hooks (on_step_end, "
+                    f"...) nor an attach(engine) method. A callback must be a HAT callback or an "
+                    f"Ignite-style handler with attach(engine); a plain function can be attached with "
+                    f"engine.add_event_handler."
                 )
-            handles = attach(self)
             if isinstance(handles, list):
                 self._callback_handles.extend(handles)
             built.append(cb)

@@ -7,7 +7,13 @@ from the engine; nothing else in the package knows the contract.
 Ids are 0-based (``epoch_id``, ``step_id`` within the epoch, ``global_step_id`` across the run);
 Ignite's ``state.epoch`` and ``state.iteration`` stay the 1-based counters Ignite defines. Inside a
 step ``global_step_id`` is the id of the running step; outside a step (epoch and loop hooks) it is
-the number of steps done so far, which is the id of the next step, as in HAT.
+the number of steps done so far, which is the id of the next step, as in HAT. At ``on_loop_end``
+``epoch_id`` is the epoch after the last one run (``2`` after epochs 0 and 1), as HAT's loop
+leaves its counter.
+
+Values are HAT's: ``storage`` is an :class:`EventStorage` (a dict with HAT's ``put``),
+``grad_scaler`` is a disabled ``GradScaler`` when training without one, and ``train_metrics`` /
+``val_metrics`` are lists (``[None]`` when the loop has none), as the loop stores them.
 
 >>> sorted(HOOK_KWARGS["on_epoch_begin"])
 ['data_loader', 'epoch_id', 'global_step_id', 'model', 'optimizer']
@@ -25,14 +31,19 @@ from ignite.engine import State
 if TYPE_CHECKING:  # pragma: no cover
     from hat_ignite.engine.loop import LoopBase
 
-__all__ = ["HatState", "HOOK_KWARGS", "COMMON_KWARGS", "hook_kwargs", "kwargs_builder", "keyword_caller", "accepted_kwargs"]
+__all__ = [
+    "HatState", "EventStorage", "HOOK_KWARGS", "COMMON_KWARGS", "hook_kwargs", "kwargs_builder", "keyword_caller",
+    "accepted_kwargs", "disabled_grad_scaler", "hook_grad_scaler",
+]
 
 _IDS = ("epoch_id", "step_id", "global_step_id")
 
 #: Keywords passed to every hook.
 COMMON_KWARGS: tuple[str, ...] = ("loop", "storage", "train_metrics", "val_metrics", "profiler")
 
-#: Extra keywords of each hook, on top of :data:`COMMON_KWARGS`.
+#: Extra keywords of each hook, on top of :data:`COMMON_KWARGS`: what HAT's loop and batch
+#: processors pass (for the per-batch hooks, the union of what Basic and Multi pass, with
+#: ``batch_idx`` always, 0 for a single batch).
 HOOK_KWARGS: dict[str, tuple[str, ...]] = {
     "on_loop_begin": ("model", "optimizer", "data_loader", "num_epochs", "num_steps"),
     "on_epoch_begin": ("model", "optimizer", "data_loader", "epoch_id", "global_step_id"),
@@ -40,7 +51,11 @@ HOOK_KWARGS: dict[str, tuple[str, ...]] = {
         "model", "optimizer", "data_loader", *_IDS, "start_epoch", "start_step", "batch",
     ),
     "on_batch_begin": ("batch", "batch_idx", *_IDS),
+    "on_forward_begin": ("batch", "model", "batch_idx", *_IDS),
+    "on_forward_end": ("model_outs", "batch_idx", *_IDS),
+    "on_backward_begin": ("model", "optimizer", "batch", "batch_idx", *_IDS),
     "on_backward_end": ("model", "optimizer", "batch", "grad_scaler", "batch_idx", *_IDS),
+    "on_optimizer_step_begin": ("model", "optimizer", "grad_scaler", *_IDS),
     "on_batch_end": ("batch", "losses", "model_outs", "batch_idx", *_IDS),
     "on_step_end": (
         "model", "ema_model", "optimizer", "data_loader", *_IDS, "num_steps", "device",
@@ -53,8 +68,85 @@ HOOK_KWARGS: dict[str, tuple[str, ...]] = {
     "on_loop_end": ("model", "ema_model", "optimizer", "epoch_id", "global_step_id", "device", "callbacks"),
 }
 
-_STEP_HOOKS = frozenset({"on_step_begin", "on_batch_begin", "on_backward_end", "on_batch_end", "on_step_end"})
-_SUB_BATCH_HOOKS = frozenset({"on_batch_begin", "on_backward_end", "on_batch_end"})
+_SUB_BATCH_HOOKS = frozenset(
+    {"on_batch_begin", "on_forward_begin", "on_forward_end", "on_backward_begin", "on_backward_end", "on_batch_end"}
+)
+_STEP_HOOKS = _SUB_BATCH_HOOKS | {"on_step_begin", "on_optimizer_step_begin", "on_step_end"}
+
+
+class EventStorage(dict):
+    """The ``storage`` every hook receives: a dict callbacks share values through, with HAT's ``put``.
+
+    Plain item access works as on any dict (``storage["monitor_obj"] = {...}``). :meth:`put`
+    keeps a history per key, as HAT's event storage does: ``storage[key]`` is a list that each
+    ``put`` appends to, or, with ``always_dict=True``, a one-element list holding a dict that
+    each ``put`` updates. A new storage is made when a run starts.
+
+    Example:
+        >>> storage = EventStorage()
+        >>> storage.put("loss", 0.5); storage.put("loss", 0.25)
+        >>> storage.put("scaler", {"scale": 2.0}, always_dict=True)
+        >>> storage.put("scaler", {"growth": 3}, always_dict=True)
+        >>> storage
+        {'loss': [0.5, 0.25], 'scaler': [{'scale': 2.0, 'growth': 3}]}
+        >>> storage.histories is storage
+        True
+    """
+
+    def put(self, key: str, value: Any, always_dict: bool = False) -> None:
+        """Append ``value`` to the history of ``key``, or merge it into its dict (``always_dict``).
+
+        Raises:
+            TypeError: ``always_dict=True`` with a value that is not a dict, or ``key`` holding a
+                value that :meth:`put` did not write (not a list).
+        """
+        history = self.get(key)
+        if history is None:
+            history = self[key] = [{}] if always_dict else []
+        elif not isinstance(history, list):
+            raise TypeError(
+                f"storage.put({key!r}, ...): storage[{key!r}] holds a {type(history).__name__} set by "
+                f"item assignment, not a history list; use another key, or assign it directly."
+            )
+        if always_dict:
+            if not isinstance(value, dict):
+                raise TypeError(f"storage.put({key!r}, ..., always_dict=True) needs a dict value, got {type(value).__name__}.")
+            if not history or not isinstance(history[0], dict):
+                history.insert(0, {})
+            history[0].update(value)
+        else:
+            history.append(value)
+
+    def clear_key(self, key: str) -> None:
+        """Empty the history of ``key``."""
+        self[key] = []
+
+    @property
+    def histories(self) -> EventStorage:
+        """The storage itself (HAT's name for its key -> history mapping)."""
+        return self
+
+
+@functools.lru_cache(maxsize=None)
+def disabled_grad_scaler() -> Any:
+    """The disabled ``torch.amp.GradScaler`` hooks receive as ``grad_scaler`` when training without one.
+
+    As in HAT, ``grad_scaler`` is always a scaler: a disabled one passes values through
+    (``scale(loss)`` is ``loss``, ``unscale_(optimizer)`` does nothing), so HAT callbacks that
+    call it run unchanged. One instance is shared; it holds no state.
+
+    >>> disabled_grad_scaler().is_enabled()
+    False
+    """
+    import torch
+
+    return torch.amp.GradScaler("cuda", enabled=False)
+
+
+def hook_grad_scaler(loop: LoopBase) -> Any:
+    """The ``grad_scaler`` keyword: the batch processor's scaler, or :func:`disabled_grad_scaler`."""
+    scaler = getattr(loop.batch_processor, "grad_scaler", None)
+    return disabled_grad_scaler() if scaler is None else scaler
 
 
 class HatState(State):
@@ -72,7 +164,7 @@ class HatState(State):
         sub_model_outs: model outputs of the latest (sub-)batch.
         epoch_open: whether an epoch has begun and not yet ended (used to close an epoch that a
             step limit or ``terminate()`` stops partway through).
-        storage: a per-run dict callbacks share values through.
+        storage: the per-run :class:`EventStorage` callbacks share values through.
     """
 
     def __init__(self, **kwargs: Any) -> None:
@@ -83,7 +175,7 @@ class HatState(State):
         self.losses: Any = None
         self.sub_model_outs: Any = None
         self.epoch_open = False
-        self.storage: dict[str, Any] = {}
+        self.storage: EventStorage = EventStorage()
         super().__init__(**kwargs)
 
     @property
@@ -114,7 +206,7 @@ _SOURCES: dict[str, str] = {
     "start_step": "loop.start_step",
     "device": "loop.device",
     "callbacks": "loop.callbacks",
-    "grad_scaler": "getattr(loop.batch_processor, 'grad_scaler', None)",
+    "grad_scaler": "hook_grad_scaler(loop)",
     "epoch_id": "max(state.epoch - 1, 0)",
     "step_id": "state.step_id",
     "global_step_id": "state.iteration",  # outside a step: the id of the next step
@@ -123,6 +215,8 @@ _SOURCES: dict[str, str] = {
     "model_outs": "state.output",
 }
 _IN_STEP_SOURCES = {"global_step_id": "state.iteration - 1"}
+# after the loop HAT's epoch counter has moved past the last epoch run: the epochs run so far
+_LOOP_END_SOURCES = {"epoch_id": "state.epoch"}
 _SUB_BATCH_SOURCES = {**_IN_STEP_SOURCES, "batch": "state.sub_batch", "losses": "state.losses",
                       "model_outs": "state.sub_model_outs"}
 
@@ -146,13 +240,16 @@ def _sources(hook: str, names: tuple[str, ...] | None) -> tuple[tuple[str, ...],
         sources.update(_SUB_BATCH_SOURCES)
     elif hook in _STEP_HOOKS:
         sources.update(_IN_STEP_SOURCES)
+    elif hook == "on_loop_end":
+        sources.update(_LOOP_END_SOURCES)
     return names, sources
 
 
 def _generate(name: str, params: str, body: str) -> Callable[..., Any]:
     """``def name(params): state = loop.state; return body``, with ``body`` as its docstring."""
     namespace: dict[str, Any] = {}
-    exec(f"def {name}({params}):\n    state = loop.state\n    return {body}\n", {}, namespace)  # noqa: S102
+    code = f"def {name}({params}):\n    state = loop.state\n    return {body}\n"
+    exec(code, {"hook_grad_scaler": hook_grad_scaler}, namespace)  # noqa: S102
     func = namespace[name]
     func.__doc__ = body
     return func

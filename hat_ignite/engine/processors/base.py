@@ -2,15 +2,22 @@
 
 The order of one training batch, top to bottom in :meth:`BatchProcessorMixin._run_batch`::
 
-    BATCH_BEGIN -> device move -> batch transforms -> channels_last -> autocast forward
-    -> inverse transforms -> collect losses -> finite check -> loss / accumulation group size
-    -> (scaled) backward; forward and backward run under no_sync when this backward does not
-       end a sync group (DDP decides in the forward whether the backward all-reduces)
+    BATCH_BEGIN -> [zero the gradients: BasicBatchProcessor, when an accumulation group starts]
+    -> device move -> batch transforms -> channels_last -> FORWARD_BEGIN -> autocast forward
+    -> inverse transforms -> FORWARD_END -> collect losses -> finite check
+    -> loss / accumulation group size -> BACKWARD_BEGIN -> (scaled) backward; forward and
+       backward run under no_sync when this backward does not end a sync group (DDP decides in
+       the forward whether the backward all-reduces)
     -> BACKWARD_END -> [optimizer step, when the processor steps per batch] -> BATCH_END
+
+A MultiBatchProcessor zeroes the gradients before its first batch's ``BATCH_BEGIN`` and steps
+after its last batch's ``BATCH_END``. Both places are HAT's: so ``on_batch_begin`` of a
+BasicBatchProcessor step still sees the previous update's gradients.
 
 The optimizer step (:meth:`BatchProcessorMixin._optimizer_step`), once per update::
 
-    finite-gradient check -> [GradScaler.unscale_ + clip by value / norm] -> (scaler) step
+    OPTIMIZER_STEP_BEGIN -> finite-gradient check -> [GradScaler.unscale_ + clip by value / norm]
+    -> (scaler) step
 """
 
 from __future__ import annotations
@@ -43,8 +50,12 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["BatchProcessorMixin", "move_to_device", "convert_channels_last", "resolve_amp_dtype"]
 
 _NULL = contextlib.nullcontext()
-_BATCH_BEGIN, _BACKWARD_END, _BATCH_END = (
-    HatEvents.BATCH_BEGIN.hat_index, HatEvents.BACKWARD_END.hat_index, HatEvents.BATCH_END.hat_index,  # type: ignore[attr-defined]
+_BATCH_BEGIN, _FORWARD_BEGIN, _FORWARD_END, _BACKWARD_BEGIN, _BACKWARD_END, _OPTIMIZER_STEP_BEGIN, _BATCH_END = (
+    event.hat_index  # type: ignore[attr-defined]
+    for event in (
+        HatEvents.BATCH_BEGIN, HatEvents.FORWARD_BEGIN, HatEvents.FORWARD_END, HatEvents.BACKWARD_BEGIN,
+        HatEvents.BACKWARD_END, HatEvents.OPTIMIZER_STEP_BEGIN, HatEvents.BATCH_END,
+    )
 )
 
 
@@ -167,9 +178,14 @@ class BatchProcessorMixin(ABC):
         return end - start, step_id + 1 == end
 
     def _run_batch(
-        self, engine: LoopBase, batch: Any, batch_idx: int, divisor: int, sync: bool, step_now: bool
+        self, engine: LoopBase, batch: Any, batch_idx: int, divisor: int, sync: bool, step_now: bool,
+        zero_grad: bool = False,
     ) -> Any:
-        """Forward (and backward) one (sub-)batch; see the module docstring for the order."""
+        """Forward (and backward) one (sub-)batch; see the module docstring for the order.
+
+        ``zero_grad``: zero the gradients right after ``BATCH_BEGIN`` (a BasicBatchProcessor step
+        that starts an accumulation group).
+        """
         state = engine.state
         listening = engine.hat_handlers  # per-event handler lists: an empty one is not fired
         state.batch_idx = batch_idx
@@ -178,12 +194,16 @@ class BatchProcessorMixin(ABC):
         state.losses = state.sub_model_outs = None
         if listening[_BATCH_BEGIN]:
             fire_hat_event(engine, HatEvents.BATCH_BEGIN)
+        if zero_grad:
+            engine.optimizer.zero_grad(set_to_none=True)
         phases = engine.phase_profiler  # None unless a profiler is attached
         if phases is not None:
             phases.begin("forward")
         if self.transforms is not None or self.enable_channels_last or engine.moves_batches:
             batch = self._prepare_batch(engine, batch)
             state.sub_batch = batch
+        if listening[_FORWARD_BEGIN]:
+            fire_hat_event(engine, HatEvents.FORWARD_BEGIN)
         model = engine.model
         if batch_idx not in self._first_batches:  # once per sub-batch index, for error messages
             self._first_batches[batch_idx] = (state.iteration, batch_spec(batch))
@@ -200,9 +220,11 @@ class BatchProcessorMixin(ABC):
             raise batch_failure(engine, batch, batch_idx, self._first_batches.get(batch_idx), exc) from exc
         if self.inverse_transforms is not None:
             model_outs = self.inverse_transforms(model_outs, batch)
+        state.sub_model_outs = model_outs
+        if listening[_FORWARD_END]:
+            fire_hat_event(engine, HatEvents.FORWARD_END)
         losses = self.loss_collector(model_outs) if self.loss_collector is not None else None
         state.losses = losses
-        state.sub_model_outs = model_outs
         if phases is not None:
             phases.end()
         if need_grad:
@@ -259,6 +281,8 @@ class BatchProcessorMixin(ABC):
             loss = loss / divisor
         if self.grad_scaler is not None:
             loss = self.grad_scaler.scale(loss)
+        if engine.hat_handlers[_BACKWARD_BEGIN]:
+            fire_hat_event(engine, HatEvents.BACKWARD_BEGIN)
         phases = engine.phase_profiler
         if phases is not None:
             phases.begin("backward")
@@ -273,19 +297,25 @@ class BatchProcessorMixin(ABC):
         if phases is not None:
             phases.end()
 
-    def _begin_step(self, engine: LoopBase) -> tuple[int, bool]:
-        """Zero the gradients when an accumulation group starts; return ``_accumulation()``."""
+    def _begin_step(self, engine: LoopBase, zero_now: bool = True) -> tuple[int, bool, bool]:
+        """Account for this step's accumulation group: ``(*_accumulation(), starts_group)``.
+
+        With ``zero_now`` the gradients are zeroed here when the step starts a group; otherwise
+        the caller zeroes them (a BasicBatchProcessor does, after ``BATCH_BEGIN``).
+        """
         if self._wants_scaler:
             self.ensure_grad_scaler(engine.torch_device)
         if self.grad_accumulation_step == 1:  # every step is a whole group
-            engine.optimizer.zero_grad(set_to_none=True)
+            if zero_now:
+                engine.optimizer.zero_grad(set_to_none=True)
             engine.state.grad_pending_steps = 0
-            return 1, True
+            return 1, True, True
         divisor, step_now = self._accumulation(engine)
-        if engine.state.step_id % self.grad_accumulation_step == 0:
+        position = engine.state.step_id % self.grad_accumulation_step
+        if zero_now and position == 0:
             engine.optimizer.zero_grad(set_to_none=True)
-        engine.state.grad_pending_steps = 0 if step_now else engine.state.step_id % self.grad_accumulation_step + 1
-        return divisor, step_now
+        engine.state.grad_pending_steps = 0 if step_now else position + 1
+        return divisor, step_now, position == 0
 
     def finish_epoch(self, engine: LoopBase) -> None:
         """Flush an accumulation group the epoch ended inside (loaders without a length).
@@ -296,16 +326,23 @@ class BatchProcessorMixin(ABC):
         pending = getattr(engine.state, "grad_pending_steps", 0)
         if not (self.need_grad_update and pending):
             return
-        scale = self.grad_accumulation_step / pending
-        with torch.no_grad():
-            for group in engine.optimizer.param_groups:
-                for p in group["params"]:
-                    if p.grad is not None:
-                        p.grad.mul_(scale)
-        self._optimizer_step(engine)
+        self._optimizer_step(engine, rescale=self.grad_accumulation_step / pending)
         engine.state.grad_pending_steps = 0
 
-    def _optimizer_step(self, engine: LoopBase) -> None:
+    def _optimizer_step(self, engine: LoopBase, rescale: float | None = None) -> None:
+        """``OPTIMIZER_STEP_BEGIN``, then the checked, clipped update (see the module docstring).
+
+        ``rescale`` multiplies the gradients first, after the event (whose hooks may put the
+        gradients in place, as HAT's ``GradScale`` does): the flush of an incomplete group.
+        """
+        if engine.hat_handlers[_OPTIMIZER_STEP_BEGIN]:
+            fire_hat_event(engine, HatEvents.OPTIMIZER_STEP_BEGIN)
+        if rescale is not None:
+            with torch.no_grad():
+                for group in engine.optimizer.param_groups:
+                    for p in group["params"]:
+                        if p.grad is not None:
+                            p.grad.mul_(rescale)
         if not self.nonfinite.allow_update(engine, self.grad_scaler):
             return  # nonfinite_policy="skip": this update is dropped (counted and logged)
         phases = engine.phase_profiler

@@ -82,12 +82,13 @@ class BasicBatchProcessor(BatchProcessorMixin):
         )
 
     def __call__(self, engine: LoopBase, batch: Any) -> Any:
+        # As in HAT, the gradients are zeroed after BATCH_BEGIN (inside _run_batch), so
+        # on_batch_begin still sees the previous update's gradients.
         if not self.need_grad_update:
             return self._run_batch(engine, batch, 0, 1, True, False)
         if self.grad_accumulation_step == 1 and not self._wants_scaler:
             # _begin_step's common case written out: one call less in every training step
-            engine.optimizer.zero_grad(set_to_none=True)
             engine.state.grad_pending_steps = 0
-            return self._run_batch(engine, batch, 0, 1, True, True)
-        divisor, step_now = self._begin_step(engine)
-        return self._run_batch(engine, batch, 0, divisor, step_now, step_now)
+            return self._run_batch(engine, batch, 0, 1, True, True, True)
+        divisor, step_now, starts_group = self._begin_step(engine, zero_now=False)
+        return self._run_batch(engine, batch, 0, divisor, step_now, step_now, starts_group)

@@ -36,8 +36,18 @@ import math
 from typing import Any
 
 import torch
+from torch.amp.grad_scaler import OptState
 
 __all__ = ["GradClipper", "build_grad_clipper"]
+
+
+def _unscaled(scaler: Any, optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``scaler.unscale_(optimizer)`` already ran for this update (a hook such as HAT's
+    ``GradScale`` may unscale in ``on_optimizer_step_begin``); a second call would raise."""
+    states = getattr(scaler, "_per_optimizer_states", None)
+    if not isinstance(states, dict) or id(optimizer) not in states:
+        return False
+    return states[id(optimizer)].get("stage") is OptState.UNSCALED
 
 
 def _number(value: Any, what: str, owner: str) -> float:
@@ -88,7 +98,7 @@ class GradClipper:
 
     def __call__(self, optimizer: torch.optim.Optimizer, scaler: Any) -> torch.Tensor | None:
         """Unscale (if ``scaler`` is enabled), then clip; return the total norm before clipping."""
-        if scaler is not None and scaler.is_enabled():
+        if scaler is not None and scaler.is_enabled() and not _unscaled(scaler, optimizer):
             scaler.unscale_(optimizer)
         params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
         if self.bounds is not None:

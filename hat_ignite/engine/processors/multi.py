@@ -20,9 +20,11 @@ class MultiBatchProcessor(BatchProcessorMixin):
     A **tuple** batch holds several batches (``(batch_task1, batch_task2, ...)``, e.g. one per
     task of a multitask model, or several chunks of a batch too big for memory); anything else
     (a dict, a list, a tensor) is one batch. For each batch the processor fires ``BATCH_BEGIN``,
-    ``BACKWARD_END`` (training) and ``BATCH_END`` with ``batch_idx``; the optimizer steps once
-    after the last batch. Returns the list of each batch's outputs for a tuple batch, else the
-    single batch's outputs.
+    ``FORWARD_BEGIN``, ``FORWARD_END``, ``BACKWARD_BEGIN`` and ``BACKWARD_END`` (training) and
+    ``BATCH_END`` with ``batch_idx``; the gradients are zeroed before the first batch and the
+    optimizer steps once after the last batch's ``BATCH_END`` (``OPTIMIZER_STEP_BEGIN`` first),
+    as in HAT. Returns the list of each batch's outputs for a tuple batch, else the single
+    batch's outputs.
 
     Args:
         need_grad_update: see :class:`BasicBatchProcessor`.
@@ -89,7 +91,7 @@ class MultiBatchProcessor(BatchProcessorMixin):
         batches = batch if isinstance(batch, tuple) else (batch,)
         last = len(batches) - 1
         if self.need_grad_update:
-            divisor, step_now = self._begin_step(engine)
+            divisor, step_now, _ = self._begin_step(engine)  # zeroes before the first BATCH_BEGIN, as HAT
         else:
             divisor, step_now = 1, False
         outputs = []
