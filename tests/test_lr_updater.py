@@ -192,6 +192,25 @@ def test_cos_stop_by_step_uses_num_steps():
     check(rows, lambda b, e, g: cos_anneal(b, 0.0, g / 10))
 
 
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: CosLrUpdater(stop_lr=0.001, warmup_len=2),
+        lambda: CosineAnnealingLrUpdater(stop_lr=0.001, warmup_len=2),
+        lambda: OneCycleUpdater(lr_max=0.1, pct_start=0.3, stop_lr=0.001),
+        lambda: CyclicLrUpdater(cyclic_times=2),
+    ],
+)
+def test_stop_by_step_without_num_epochs_sizes_the_schedule_by_num_steps(build):
+    # HAT needs num_epochs for these (it fails without); ours falls back to num_steps: a
+    # 3-epoch run stopped by step gets the lrs of the same run stopped by epoch
+    by_step = train(build(), num_steps=3 * STEPS_PER_EPOCH)
+    by_epoch = train(build(), num_epochs=3)
+    assert [r[:2] for r in by_step] == [r[:2] for r in by_epoch]
+    for (_, g, got), (_, _, want) in zip(by_step, by_epoch):
+        assert got == pytest.approx(want, rel=1e-12), g
+
+
 def test_cosine_annealing_by_epoch_matches_formula_and_torch():
     rows = train(CosineAnnealingLrUpdater(stop_lr=0.002), num_epochs=4)
     check(rows, lambda b, e, g: cos_anneal(b, 0.002, e / 4))
