@@ -63,8 +63,9 @@ val_callback = dict(
 )
 
 stat_callback = dict(type="StatsMonitor", log_freq=0)
-# Warm up linearly over the first epoch, then decay the lr by 10x at epochs 12 and 17. The lr is
-# logged at each epoch begin, and every step_log_interval steps while it changes per step.
+# Warm up linearly over the first epoch, step by step as in HAT (0 at step 0, then lr * step /
+# len(data_loader)), then decay the lr by 10x at epochs 12 and 17. The lr is logged at each epoch
+# begin, and every step_log_interval steps while it changes per step.
 lr_callback = dict(
     type="StepDecayLrUpdater", warmup_by="epoch", warmup_len=1, lr_decay_id=[12, 17], lr_decay_factor=0.1,
     step_log_interval=100,

@@ -10,9 +10,9 @@ PolyLrUpdater              ``final + (b - final) * (1 - min(n - w, T) / T) ** po
 StepDecayLrUpdater         ``b * factor ** (number of lr_decay_id entries <= n)``
 CosLrUpdater               ``stop + (b - stop) * (1 + cos(pi * min(n - w, T) / T)) / 2`` per step
 CosineAnnealingLrUpdater   ``stop + (b - stop) * (1 + cos(pi * n / E)) / 2`` per epoch, E epochs
-OneCycleUpdater            cosine up from ``b / div_factor`` to ``b``, then down to ``stop_lr``
+OneCycleUpdater            cosine up from ``lr_max / div_factor`` to ``b``, then down to ``stop_lr``
 CyclicLrUpdater            cosine ``b -> b * r0 -> b * r1`` repeated ``cyclic_times`` times
-NoamLrUpdater              ``b * d_model ** -0.5 * min(s ** -0.5, s * warmup_step ** -1.5)``, s=n+1
+NoamLrUpdater              ``b * d_model ** 0.5 * min(s ** -0.5, s * warmup_step ** -1.5)``, s=n+1
 =========================  =====================================================================
 
 Example, a two-step warmup then a linear decay over four steps:
@@ -74,7 +74,7 @@ class PolyLrUpdater(LrUpdaterBase):
     """
 
     def __init__(self, max_update: int, update_by: str = "step", power: float = 1.0, final_lr: float = 0.0,
-                 warmup_by: str = "step", warmup_mode: str = "linear", warmup_len: int = 0,
+                 warmup_by: str = "step", warmup_mode: str = "linear", warmup_len: float = 0,
                  warmup_begin_lr: float = 0.0, warmup_lr_ratio: float = 1.0, step_log_interval: int = 1) -> None:
         super().__init__(
             update_by, warmup_by, warmup_len, warmup_mode, warmup_begin_lr, warmup_lr_ratio, step_log_interval
@@ -104,7 +104,7 @@ class StepDecayLrUpdater(LrUpdaterBase):
     [1.0, 1.0, 0.1, 0.1, 0.01, 0.01]
     """
 
-    def __init__(self, update_by: str = "epoch", warmup_by: str = "epoch", warmup_len: int = 0,
+    def __init__(self, update_by: str = "epoch", warmup_by: str = "epoch", warmup_len: float = 0,
                  warmup_mode: str = "linear", warmup_begin_lr: float = 0.0, warmup_lr_ratio: float = 1.0,
                  step_log_interval: int = 1, lr_decay_id: Sequence[int] | None = None,
                  lr_decay_factor: float = 0.1) -> None:
@@ -137,7 +137,11 @@ class CosLrUpdater(LrUpdaterBase):
 
     Args:
         max_steps: steps of formal training; ``-1`` (default) is the run's steps minus the
-            warmup steps. After ``max_steps`` the lr stays at ``stop_lr``.
+            warmup steps (the run's steps are ``num_epochs * len(data_loader)`` whenever the
+            loop has ``num_epochs``, even with ``stop_by="step"``, else ``num_steps``). After
+            ``max_steps`` the lr stays at ``stop_lr`` (HAT's cosine would rise again).
+        max_epoch: if positive, ``max_steps`` is ``max_epoch * len(data_loader)`` minus the
+            warmup steps, whatever ``max_steps`` says.
         stop_lr: the lr the decay approaches.
         warmup_by, warmup_len, warmup_mode, warmup_begin_lr, warmup_lr_ratio, step_log_interval:
             see :class:`~.lr_updater_base.LrUpdaterBase`.
@@ -147,35 +151,43 @@ class CosLrUpdater(LrUpdaterBase):
     [1.0, 0.853553, 0.5, 0.146447, 0.0, 0.0]
     """
 
-    def __init__(self, max_steps: int = -1, stop_lr: float = 0.0, warmup_by: str = "step", warmup_len: int = 0,
-                 warmup_mode: str = "linear", warmup_begin_lr: float = 0.0, warmup_lr_ratio: float = 1.0,
-                 step_log_interval: int = 1) -> None:
+    def __init__(self, max_steps: int = -1, max_epoch: int = -1, stop_lr: float = 0.0, warmup_by: str = "step",
+                 warmup_len: float = 0, warmup_mode: str = "linear", warmup_begin_lr: float = 0.0,
+                 warmup_lr_ratio: float = 1.0, step_log_interval: int = 1) -> None:
         super().__init__(
             "step", warmup_by, warmup_len, warmup_mode, warmup_begin_lr, warmup_lr_ratio, step_log_interval
         )
         if max_steps is not None and (isinstance(max_steps, bool) or not isinstance(max_steps, int)):
             raise ValueError(f"CosLrUpdater(max_steps={max_steps!r}): give an integer, or -1 for the whole run.")
+        if max_epoch is not None and (isinstance(max_epoch, bool) or not isinstance(max_epoch, int)):
+            raise ValueError(f"CosLrUpdater(max_epoch={max_epoch!r}): give an integer, or -1 to use max_steps.")
         self.max_steps = -1 if max_steps is None else max_steps
+        self.max_epoch = -1 if max_epoch is None else max_epoch
         self.stop_lr = float(stop_lr)
-        self._decay_steps: int | None = self.max_steps if self.max_steps >= 0 else None
+        self._decay_steps: float | None = self.max_steps if self.max_steps >= 0 and self.max_epoch <= 0 else None
 
     def prepare(self) -> None:
-        if self.max_steps < 0:
+        if self.max_epoch > 0:
+            spe = self.require(self.step_per_epoch, "the steps per epoch (max_epoch)")
+            self._decay_steps = self.max_epoch * spe - self.warmup_steps
+        elif self.max_steps < 0:
             total = self.require(self.total_steps, "the run's total steps (max_steps=-1)")
-            self._decay_steps = total - (self.warmup_updates or 0)
+            self._decay_steps = total - self.warmup_steps
 
     def get_lr(self, begin_lr: float, num_update: int) -> float:
         span = self.require(self._decay_steps, "max_steps")
         if span <= 0:
             return begin_lr
-        done = min(max(num_update - (self.warmup_updates or 0), 0), span)
+        done = min(max(num_update - self.warmup_steps, 0), span)
         return annealing_cos(begin_lr, self.stop_lr, done / span)
 
 
 class CosineAnnealingLrUpdater(LrUpdaterBase):
     """Cosine annealing by epoch over the whole run: ``epoch_id / num_epochs`` sets the phase.
 
-    The phase counts from epoch 0, so a warmup replaces the first part of the curve.
+    The phase counts from epoch 0, so a warmup replaces the first part of the curve. The run's
+    epochs are the loop's ``num_epochs`` (also with ``stop_by="step"``), else
+    ``ceil(num_steps / len(data_loader))``.
 
     Args:
         stop_lr: the lr the curve approaches at the end of the run.
@@ -188,7 +200,7 @@ class CosineAnnealingLrUpdater(LrUpdaterBase):
     [1.0, 0.853553, 0.5, 0.146447]
     """
 
-    def __init__(self, stop_lr: float = 0.0, warmup_by: str = "step", warmup_len: int = 0,
+    def __init__(self, stop_lr: float = 0.0, warmup_by: str = "step", warmup_len: float = 0,
                  warmup_mode: str = "linear", warmup_begin_lr: float = 0.0, warmup_lr_ratio: float = 1.0,
                  step_log_interval: int = 1) -> None:
         super().__init__(
@@ -205,26 +217,31 @@ class CosineAnnealingLrUpdater(LrUpdaterBase):
 
 
 class OneCycleUpdater(LrUpdaterBase):
-    """One cycle: cosine up from ``lr_max / div_factor`` to ``lr_max``, then down to ``stop_lr``.
+    """One cycle by step: cosine up from ``lr_max / div_factor`` to each group's lr, then down.
 
-    Over a run of ``N`` steps (or epochs, with ``warmup_by="epoch"``) the peak is reached at
-    update ``pct_start * N - 1`` and ``stop_lr`` at the last update ``N - 1``, as in
-    :class:`torch.optim.lr_scheduler.OneCycleLR`. ``lr_max`` is the first param group's peak;
-    the other groups keep their lr ratio to it (with ``lr_max`` equal to the optimizer's lr, each
-    group peaks at its own lr).
+    Over a run of ``N`` steps (``num_epochs * len(data_loader)`` whenever the loop has
+    ``num_epochs``, else ``num_steps``) the first ``W = pct_start * N`` steps go up, from
+    ``lr_max / div_factor`` (the same start for every param group) to the group's own lr; the
+    remaining ``N - W`` steps go down from the group's lr to ``stop_lr``. As in HAT, ``lr_max``
+    only sets the starting lr: each group peaks at its own optimizer lr.
 
     Args:
-        lr_max: peak lr of the first param group.
-        div_factor: the cycle starts at ``lr_max / div_factor``.
+        lr_max: sets the starting lr ``lr_max / div_factor``.
+        div_factor: see ``lr_max``.
         pct_start: fraction of the run spent going up, in ``(0, 1)``.
-        stop_lr: the first param group's lr at the end of the run (the others keep their ratio).
-        warmup_by: the unit the cycle moves in, ``"step"`` or ``"epoch"``.
+        stop_lr: the lr the cycle approaches at the end of the run.
+        warmup_by: accepted for HAT configs; the cycle moves by step either way.
         step_log_interval: see :class:`~.lr_updater_base.LrUpdaterBase`.
+
+    >>> up = OneCycleUpdater(lr_max=0.1, div_factor=10.0, pct_start=0.5)
+    >>> up.warmup_steps, up._down_steps = 2.0, 2.0
+    >>> [round(up.lr_at(0.05, 0, g), 6) for g in range(4)]
+    [0.01, 0.03, 0.05, 0.025]
     """
 
     def __init__(self, lr_max: float = 0.001, div_factor: float = 10.0, pct_start: float = 0.4,
                  stop_lr: float = 0.0, warmup_by: str = "step", step_log_interval: int = 1) -> None:
-        super().__init__(warmup_by, warmup_by, 0, "linear", 0.0, 1.0, step_log_interval)
+        super().__init__("step", warmup_by, 0, "linear", 0.0, 1.0, step_log_interval)
         _positive(lr_max, "lr_max", "OneCycleUpdater")
         _positive(div_factor, "div_factor", "OneCycleUpdater")
         if not 0.0 < pct_start < 1.0:
@@ -233,7 +250,7 @@ class OneCycleUpdater(LrUpdaterBase):
         self.div_factor = float(div_factor)
         self.pct_start = float(pct_start)
         self.stop_lr = float(stop_lr)
-        self._total: int | None = None
+        self._down_steps: float | None = None
 
     @staticmethod
     def annealing_cos(start: float, end: float, pct: float) -> float:
@@ -241,39 +258,24 @@ class OneCycleUpdater(LrUpdaterBase):
         return annealing_cos(start, end, pct)
 
     def prepare(self) -> None:
-        total = self.total_steps if self.update_by == "step" else self.total_epochs
-        self._total = self.require(total, f"the run's number of {self.update_by}s")
-
-    @property
-    def _peak_at(self) -> float:
-        return self.pct_start * self.require(self._total, "the run's length") - 1
-
-    def anchor_lrs(self, base_lrs: list[float]) -> list[float]:
-        if not base_lrs[0] > 0:
-            raise ValueError(
-                "OneCycleUpdater: the first param group's lr must be positive to scale the others to lr_max."
-            )
-        return [self.lr_max * lr / base_lrs[0] for lr in base_lrs]
-
-    def in_warmup(self, num_update: int) -> bool:
-        return num_update <= self._peak_at
+        total = self.require(self.total_steps, "the run's number of steps")
+        self.warmup_steps = total * self.pct_start
+        self.warmup_updates = self.warmup_steps
+        self._down_steps = total - self.warmup_steps
 
     def get_warmup_lr(self, warmup_end_lr: float, num_update: int) -> float:
-        peak_at = self._peak_at
-        pct = num_update / peak_at if peak_at > 0 else 1.0
-        return annealing_cos(warmup_end_lr / self.div_factor, warmup_end_lr, pct)
+        return annealing_cos(self.lr_max / self.div_factor, warmup_end_lr, num_update / self.warmup_steps)
 
     def get_lr(self, begin_lr: float, num_update: int) -> float:
-        peak_at = self._peak_at
-        span = (self.require(self._total, "the run's length") - 1) - peak_at
-        pct = min((num_update - peak_at) / span, 1.0) if span > 0 else 1.0
-        return annealing_cos(begin_lr, self.stop_lr * begin_lr / self.lr_max, pct)
+        span = self.require(self._down_steps, "the run's length")
+        return annealing_cos(begin_lr, self.stop_lr, min((num_update - self.warmup_steps) / span, 1.0))
 
 
 class CyclicLrUpdater(LrUpdaterBase):
     """Cosine cycles by step: up from ``b`` to ``b * target_ratio[0]``, down to ``b * target_ratio[1]``.
 
-    The run's steps are split into ``cyclic_times`` cycles of ``total_steps // cyclic_times``
+    The run's steps (``num_epochs * len(data_loader)`` whenever the loop has ``num_epochs``,
+    else ``num_steps``) are split into ``cyclic_times`` cycles of ``total_steps // cyclic_times``
     steps; the first ``int(step_ratio_up * cycle)`` steps of each go up.
 
     Args:
@@ -320,9 +322,13 @@ class CyclicLrUpdater(LrUpdaterBase):
 class NoamLrUpdater(LrUpdaterBase):
     """The Transformer schedule ("Attention Is All You Need"): linear rise, then ``1/sqrt`` decay.
 
-    ``lr = b * d_model ** -0.5 * min(s ** -0.5, s * warmup_step ** -1.5)`` with ``s = n + 1``
+    ``lr = b * d_model ** 0.5 * min(s ** -0.5, s * warmup_step ** -1.5)`` with ``s = n + 1``
     (the number of updates including this one). The warmup is part of the formula, hence its
     own ``warmup_step`` argument.
+
+    The factor is ``d_model ** 0.5``, as HAT's code computes it (and HAT configs were tuned
+    against), not the paper's ``d_model ** -0.5`` that HAT's docstring shows; with the paper's
+    scaling in mind, divide the optimizer's lr by ``d_model``.
 
     Args:
         d_model: model dimension in the formula.
@@ -332,7 +338,7 @@ class NoamLrUpdater(LrUpdaterBase):
 
     >>> up = NoamLrUpdater(d_model=16, warmup_step=4)
     >>> [round(up.get_lr(1.0, n), 6) for n in (0, 3, 15)]
-    [0.03125, 0.125, 0.0625]
+    [0.5, 2.0, 1.0]
     """
 
     def __init__(self, d_model: float = 256, warmup_step: float = 4000, update_by: str = "step",
@@ -345,7 +351,7 @@ class NoamLrUpdater(LrUpdaterBase):
 
     def get_lr(self, begin_lr: float, num_update: int) -> float:
         s = num_update + 1
-        return begin_lr * self.d_model ** -0.5 * min(s ** -0.5, s * self.warmup_step ** -1.5)
+        return begin_lr * self.d_model ** 0.5 * min(s ** -0.5, s * self.warmup_step ** -1.5)
 
     def get_warmup_lr(self, warmup_end_lr: float, num_update: int) -> float:
         """The warmup is inside :meth:`get_lr`; this is the same formula."""

@@ -1,24 +1,34 @@
 """`LrUpdaterBase`: warmup plus a formal schedule, as a pure function of the loop position.
 
-Every LR updater computes each param group's lr from ``(epoch_id, global_step_id)`` alone::
+Every LR updater computes each param group's lr from ``(epoch_id, global_step_id)`` alone, as HAT
+does. The warmup always moves step by step, over ``W`` steps: ``warmup_len`` steps
+(``warmup_by="step"``) or ``warmup_len * len(data_loader)`` steps (``warmup_by="epoch"``)::
 
-    n_warm = global_step_id if warmup_by == "step" else epoch_id
-    if n_warm < warmup_len:                               # warmup
-        lr = get_warmup_lr(base_lr * warmup_lr_ratio, n_warm)
-    else:                                                 # formal training
-        lr = get_lr(base_lr, global_step_id if update_by == "step" else epoch_id)
+    if global_step_id < W:                                  # warmup, every step
+        lr = get_warmup_lr(base_lr * warmup_lr_ratio, global_step_id)
+    elif update_by == "step":                               # formal training, every step
+        lr = get_lr(base_lr, global_step_id)
+    elif epoch_id * steps_per_epoch < W:                    # the epoch began inside the warmup:
+        lr = get_warmup_lr(base_lr * warmup_lr_ratio, ceil(W) - 1)    # keep the last warmup lr
+    else:                                                   # formal training, every epoch
+        lr = get_lr(base_lr, epoch_id)
 
 ``base_lr`` is the group's initial lr (its ``initial_lr`` entry, set from ``lr`` the first time),
 so param groups keep their own lrs and move together. The lr is set on each epoch begin and, when
-it can change within an epoch (``update_by="step"`` or a step warmup), on each step begin. No
+it can change within an epoch (``update_by="step"`` or inside the warmup), on each step begin. No
 counter is kept: a resumed run (``start_epoch`` / ``start_step``) gets the same lr at the same step,
 and :meth:`~LrUpdaterBase.state_dict` holds only the base lrs.
 
 Warmup (``get_warmup_lr``): ``"linear"`` goes from ``warmup_begin_lr`` towards
-``base_lr * warmup_lr_ratio`` over ``warmup_len`` steps or epochs; ``"constant"`` holds
-``base_lr * warmup_lr_ratio``. With ``warmup_by="epoch"`` the warmup lr changes on epoch begin.
+``base_lr * warmup_lr_ratio`` over the ``W`` steps; ``"constant"`` holds
+``base_lr * warmup_lr_ratio``. ``warmup_len`` may be fractional (``warmup_len=0.3`` epochs).
 Subclasses implement :meth:`~LrUpdaterBase.get_lr`; those whose formula starts after the warmup
-read :attr:`~LrUpdaterBase.warmup_updates`, the warmup length in ``update_by`` units.
+read :attr:`~LrUpdaterBase.warmup_updates`, the warmup length in ``update_by`` units (``W`` by
+step; ``warmup_len`` epochs, or ``ceil(warmup_len / len(data_loader))`` for a step warmup, by epoch).
+
+The run's length (:attr:`~LrUpdaterBase.total_steps`, :attr:`~LrUpdaterBase.total_epochs`) comes
+from ``num_epochs`` whenever the loop has one, even with ``stop_by="step"`` (as HAT sizes its
+schedules), and from ``num_steps`` otherwise.
 """
 
 from __future__ import annotations
@@ -73,23 +83,25 @@ class LrUpdaterBase(CallbackMixin):
     Args:
         update_by: formal-training lr changes on ``"step"`` begin (by ``global_step_id``) or on
             ``"epoch"`` begin (by ``epoch_id``).
-        warmup_by: warmup lr changes on ``"step"`` or on ``"epoch"`` begin.
-        warmup_len: warmup length, in steps or epochs as ``warmup_by`` says (0: no warmup).
+        warmup_by: the unit of ``warmup_len``, ``"step"`` or ``"epoch"``; the warmup lr itself
+            changes every step either way.
+        warmup_len: warmup length in steps or epochs as ``warmup_by`` says, may be fractional
+            (0: no warmup).
         warmup_mode: ``"linear"`` or ``"constant"``.
         warmup_begin_lr: the lr a linear warmup starts from.
         warmup_lr_ratio: the warmup ends at ``base_lr * warmup_lr_ratio`` (in ``[0, 1]``).
         step_log_interval: log the lr every this many steps when it is set on steps (it is
             logged on every epoch begin).
 
-    Subclasses implement :meth:`get_lr` and may override :meth:`prepare` (run-length checks),
-    :meth:`get_warmup_lr`, :meth:`in_warmup` and :meth:`anchor_lrs`.
+    Subclasses implement :meth:`get_lr` and may override :meth:`prepare` (run-length checks)
+    and :meth:`get_warmup_lr`.
     """
 
     def __init__(
         self,
         update_by: str = "step",
         warmup_by: str = "step",
-        warmup_len: int = 0,
+        warmup_len: float = 0,
         warmup_mode: str = "linear",
         warmup_begin_lr: float = 0.0,
         warmup_lr_ratio: float = 1.0,
@@ -98,8 +110,8 @@ class LrUpdaterBase(CallbackMixin):
         owner = type(self).__name__
         self.update_by = _unit(update_by, "update_by", owner)
         self.warmup_by = _unit(warmup_by, "warmup_by", owner)
-        if isinstance(warmup_len, bool) or not isinstance(warmup_len, int) or warmup_len < 0:
-            raise ValueError(f"{owner}(warmup_len={warmup_len!r}): give a non-negative integer.")
+        if isinstance(warmup_len, bool) or not isinstance(warmup_len, (int, float)) or not warmup_len >= 0:
+            raise ValueError(f"{owner}(warmup_len={warmup_len!r}): give a non-negative number.")
         if warmup_mode not in _WARMUP_MODES:
             raise ValueError(f"{owner}(warmup_mode={warmup_mode!r}): use 'linear' or 'constant'.")
         if not warmup_begin_lr >= 0:
@@ -118,11 +130,12 @@ class LrUpdaterBase(CallbackMixin):
         #: The run's length in steps and in epochs, known from loop begin where computable.
         self.total_steps: int | None = None
         self.total_epochs: int | None = None
+        #: Warmup length in steps (``W`` in the module doc); known from loop begin.
+        self.warmup_steps: float = warmup_len if self.warmup_by == "step" else 0
         #: Warmup length in ``update_by`` units.
-        self.warmup_updates: int | None = warmup_len if self.update_by == self.warmup_by else None
+        self.warmup_updates: float | None = warmup_len if self.update_by == self.warmup_by else None
         self._base_lrs: list[float] | None = None
         self._restored_base_lrs: list[float] | None = None
-        self._anchors: list[float] = []
         self._apply_next_step = False
 
     # -- the schedule: pure functions ----------------------------------------------------------
@@ -134,25 +147,21 @@ class LrUpdaterBase(CallbackMixin):
         raise NotImplementedError(f"{type(self).__name__} must implement get_lr(begin_lr, num_update).")
 
     def get_warmup_lr(self, warmup_end_lr: float, num_update: int) -> float:
-        """Warmup lr at warmup update ``num_update`` (0-based), ending at ``warmup_end_lr``."""
+        """Warmup lr at global step ``num_update`` (``< warmup_steps``), ending at ``warmup_end_lr``."""
         if self.warmup_mode == "constant":
             return warmup_end_lr
-        return self.warmup_begin_lr + (warmup_end_lr - self.warmup_begin_lr) * num_update / self.warmup_len
-
-    def in_warmup(self, num_update: int) -> bool:
-        """Whether warmup update ``num_update`` (in ``warmup_by`` units) is still warming up."""
-        return num_update < self.warmup_len
+        return self.warmup_begin_lr + (warmup_end_lr - self.warmup_begin_lr) * num_update / self.warmup_steps
 
     def lr_at(self, base_lr: float, epoch_id: int, global_step_id: int) -> float:
-        """The lr of a group anchored at ``base_lr`` at this loop position (see the module doc)."""
-        n_warm = global_step_id if self.warmup_by == "step" else epoch_id
-        if self.in_warmup(n_warm):
-            return self.get_warmup_lr(base_lr * self.warmup_lr_ratio, n_warm)
-        return self.get_lr(base_lr, global_step_id if self.update_by == "step" else epoch_id)
-
-    def anchor_lrs(self, base_lrs: list[float]) -> list[float]:
-        """The per-group lrs the formulas are anchored to; by default the base lrs themselves."""
-        return list(base_lrs)
+        """The lr of a group whose base lr is ``base_lr`` at this loop position (see the module doc)."""
+        warmup = self.warmup_steps
+        if global_step_id < warmup:
+            return self.get_warmup_lr(base_lr * self.warmup_lr_ratio, global_step_id)
+        if self.update_by == "step":
+            return self.get_lr(base_lr, global_step_id)
+        if warmup > 0 and epoch_id * self.require(self.step_per_epoch, "the steps per epoch") < warmup:
+            return self.get_warmup_lr(base_lr * self.warmup_lr_ratio, math.ceil(warmup) - 1)
+        return self.get_lr(base_lr, epoch_id)
 
     def prepare(self) -> None:
         """Check arguments against the run and derive lengths; called on loop begin."""
@@ -174,22 +183,24 @@ class LrUpdaterBase(CallbackMixin):
         if optimizer is None:
             raise ValueError(f"{owner} needs the loop's optimizer, but the loop has none.")
         spe = loader_length(data_loader)
-        stop_by = getattr(loop, "stop_by", None) or ("epoch" if num_epochs is not None else "step")
-        if stop_by == "epoch":
+        self.step_per_epoch = spe
+        if num_epochs is not None:
             self.total_epochs = num_epochs
-            self.total_steps = num_epochs * spe if spe is not None and num_epochs is not None else None
+            self.total_steps = num_epochs * spe if spe is not None else None
         else:
             self.total_steps = num_steps
             self.total_epochs = math.ceil(num_steps / spe) if spe is not None and num_steps is not None else None
-        self.step_per_epoch = spe
-        if self.update_by == self.warmup_by:
-            self.warmup_updates = self.warmup_len
-        elif self.warmup_len == 0:
-            self.warmup_updates = 0
+        if self.warmup_len == 0:
+            self.warmup_steps, self.warmup_updates = 0, 0
         else:
-            spe = self.require(spe, "the steps per epoch to convert between warmup_by and update_by")
+            if self.warmup_by == "epoch" or self.update_by == "epoch":
+                spe = self.require(spe, f"the steps per epoch (warmup_by={self.warmup_by!r}, "
+                                        f"update_by={self.update_by!r})")
+            self.warmup_steps = self.warmup_len * spe if self.warmup_by == "epoch" else self.warmup_len
             if self.update_by == "step":
-                self.warmup_updates = self.warmup_len * spe
+                self.warmup_updates = self.warmup_steps
+            elif self.warmup_by == "epoch":
+                self.warmup_updates = self.warmup_len
             else:
                 self.warmup_updates = math.ceil(self.warmup_len / spe)
         groups = optimizer.param_groups
@@ -203,19 +214,18 @@ class LrUpdaterBase(CallbackMixin):
         else:
             self._base_lrs = [float(group.setdefault("initial_lr", group["lr"])) for group in groups]
         self.prepare()
-        self._anchors = self.anchor_lrs(self._base_lrs)
         self._apply_next_step = True
 
     def overridden_hooks(self) -> list[str]:
         """The hooks to attach; no ``on_step_begin`` when the lr changes only with the epoch.
 
-        With ``update_by`` and ``warmup_by`` both ``"epoch"`` (and the base class's
-        :meth:`lr_at`), every lr is set on epoch begin, which precedes every step of a run
-        (resumed runs included), so a step-begin handler would have nothing to do.
+        With ``update_by="epoch"``, no warmup (and the base class's :meth:`lr_at`), every lr is
+        set on epoch begin, which precedes every step of a run (resumed runs included), so a
+        step-begin handler would have nothing to do.
         """
         hooks = super().overridden_hooks()
         epoch_only = (
-            self.update_by == "epoch" and self.warmup_by == "epoch" and type(self).lr_at is LrUpdaterBase.lr_at
+            self.update_by == "epoch" and self.warmup_len == 0 and type(self).lr_at is LrUpdaterBase.lr_at
             and type(self).on_step_begin is LrUpdaterBase.on_step_begin
         )
         return [h for h in hooks if h != "on_step_begin"] if epoch_only else hooks
@@ -227,15 +237,15 @@ class LrUpdaterBase(CallbackMixin):
 
     def on_step_begin(self, optimizer: torch.optim.Optimizer, epoch_id: int, step_id: int,
                       global_step_id: int, **kwargs: Any) -> None:
-        per_step = self.update_by == "step" or (self.warmup_by == "step" and global_step_id <= self.warmup_len)
+        per_step = self.update_by == "step" or global_step_id < self.warmup_steps
         if per_step or self._apply_next_step:
             self._apply(optimizer, epoch_id, global_step_id)
             if per_step and (global_step_id + 1) % self.step_log_interval == 0:
                 self._log(optimizer, epoch_id, step_id, global_step_id)
 
     def _apply(self, optimizer: torch.optim.Optimizer, epoch_id: int, global_step_id: int) -> None:
-        for group, anchor in zip(optimizer.param_groups, self._anchors):
-            group["lr"] = self.lr_at(anchor, epoch_id, global_step_id)
+        for group, base_lr in zip(optimizer.param_groups, self._base_lrs or ()):
+            group["lr"] = self.lr_at(base_lr, epoch_id, global_step_id)
         self._apply_next_step = False
 
     @staticmethod
@@ -262,7 +272,6 @@ class LrUpdaterBase(CallbackMixin):
         self._restored_base_lrs = [float(v) for v in base]
         if self._base_lrs is not None and len(self._base_lrs) == len(base):
             self._base_lrs = list(self._restored_base_lrs)
-            self._anchors = self.anchor_lrs(self._base_lrs)
 
     def __repr__(self) -> str:
         return (
