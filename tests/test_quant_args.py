@@ -229,3 +229,17 @@ def test_every_hat_convert_mode_is_the_same_export_flow():
         with pytest.raises(QuantizationError, match=r"convert_mode='onnx' is not one of HAT's modes"):
             who()
     assert F.softmax(outputs[0], 1).shape == (8, 10)
+
+
+def test_fuse_bn_exports_in_eval_form_but_dropout_still_trains():
+    from hat_ignite.models import MLPClassifier
+
+    torch.manual_seed(0)
+    x = torch.rand(16, 8)
+    model = Float2QAT(example_inputs=x, modules=["net"], qat_mode="fuse_bn")(
+        MLPClassifier(in_features=8, hidden_features=16, num_classes=3, dropout=0.5)
+    )
+    model.train()
+    assert not torch.equal(model.net(x), model.net(x))  # dropout active in QAT training
+    model.eval()
+    assert torch.equal(model.net(x), model.net(x))
