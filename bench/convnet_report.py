@@ -141,7 +141,7 @@ def measure(work_dir: str, rounds: int, stage_seconds: dict[str, float]) -> str:
         ("float32 eager", f"{100 * acc['float']:.2f} %", kib(tensor_bytes(float_model)), kib(os.path.getsize(float_pt2)), *ms("float32 eager")),
         ("float32 `torch.compile`", "(same model)", "—", "—", *ms("float32 `torch.compile`")),
         ("int8 simulated, after calibration", f"{100 * acc['calibration']:.2f} %", "—", "—", "—", "—"),
-        ("int8 simulated, after QAT", f"{100 * acc['qat']:.2f} %", "—", "—", "—", "—"),
+        ("int8 simulated, after QAT (best epoch)", f"{100 * acc['qat']:.2f} %", "—", "—", "—", "—"),
         ("int8 program (`int_infer`)", f"{100 * acc['int8']:.2f} %", kib(tensor_bytes(int8_model)), kib(os.path.getsize(int8_path)), *ms("int8 program (`int_infer`)")),
         ("int8 program, `torch.compile`", "(same model)", "—", "—", *ms("int8 program, `torch.compile`")),
     ]
