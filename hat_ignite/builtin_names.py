@@ -68,6 +68,9 @@ BUILTIN_OBJECTS: dict[str, str] = {
     "MultitaskLoader": "hat_ignite.data.multitask:MultitaskLoader",
     "MultiTaskMLP": "hat_ignite.models.multitask_mlp:MultiTaskMLP",
     "MLPClassifier": "hat_ignite.models.mlp:MLPClassifier",
+    "ResNetClassifier": "hat_ignite.models.resnet:ResNetClassifier",
+    "DigitsImageDataset": "hat_ignite.data.digits_image:DigitsImageDataset",
+    "RandomAffineBatch": "hat_ignite.data.digits_image:RandomAffineBatch",
 }
 
 #: The extra names HAT registers for some classes (``@OBJECT_REGISTRY.alias(...)``): HAT configs

@@ -87,6 +87,23 @@ def test_fuse_bn_by_epoch_and_the_function_on_nested_containers():
         torch.testing.assert_close(b, a, rtol=0, atol=1e-5)
 
 
+def test_fuse_bn_finds_every_conv_bn_pair_of_the_shipped_resnet():
+    from hat_ignite.models import ResNetClassifier
+
+    torch.manual_seed(0)
+    model = ResNetClassifier(stem_channels=4, widths=(4, 8), blocks=1).eval()
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.5, 0.5)
+            m.running_var.uniform_(0.5, 2)
+    x = torch.rand(3, 1, 8, 8)
+    before = model(x)
+    pairs = FuseBN(modules=[["net"]], step_or_epoch=[0], update_by="step").process(model, "net", inplace=True)
+    assert len(pairs) == 6 and ("net.layer2.0.shortcut.0", "net.layer2.0.shortcut.1") in pairs
+    assert not any(isinstance(m, nn.BatchNorm2d) for m in model.modules())
+    torch.testing.assert_close(model(x), before, rtol=0, atol=1e-5)
+
+
 def test_fuse_bn_names_a_wrong_module_at_loop_begin():
     with pytest.raises(ValueError, match="no sub-module 'neck'.*'backbone', 'head'"):
         make_trainer([FuseBN(modules=[["neck"]], step_or_epoch=[3], update_by="step")], num_epochs=1).fit()

@@ -16,6 +16,7 @@ from hat_ignite.quantization.converters import (
 from hat_ignite.quantization.io import file_sha256, load_quantized_model, save_quantized_model, tensor_bytes
 from hat_ignite.quantization.pipeline import ModelConvertPipeline
 from hat_ignite.quantization.prepared import STAGES, PreparedModule, observing, prepared_modules
+from hat_ignite.quantization.qconfig import CONVERT_MODES, QAT_MODES, parse_qconfig_params
 
 __all__ = [
     "ModelConvertPipeline",
@@ -33,4 +34,7 @@ __all__ = [
     "load_quantized_model",
     "file_sha256",
     "tensor_bytes",
+    "QAT_MODES",
+    "CONVERT_MODES",
+    "parse_qconfig_params",
 ]

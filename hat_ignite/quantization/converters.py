@@ -30,6 +30,7 @@ from torch import nn
 from hat_ignite.errors import QuantizationError
 from hat_ignite.quantization.capture import capture_inputs, example_batch, export_module
 from hat_ignite.quantization.prepared import PreparedModule, prepared_modules
+from hat_ignite.quantization.qconfig import check_convert_mode, check_qat_mode
 
 __all__ = [
     "default_quantizer",
@@ -67,6 +68,21 @@ def _replace(model: nn.Module, old: nn.Module, new: nn.Module) -> nn.Module:
     raise QuantizationError(f"internal: {type(old).__name__} is not inside {type(model).__name__}.")
 
 
+def _fold_batch_norms(graph: nn.Module) -> None:
+    """Fold every BatchNorm that follows a conv or linear in an eval-form exported graph into its
+    weights (torchao's passes), and drop the folded BatchNorms' parameters and statistics."""
+    from torchao.quantization.pt2e.utils import _fuse_conv_bn_, _fuse_linear_bn_
+
+    before = dict(graph.named_parameters())
+    trains = any(p.requires_grad for p in before.values())
+    _fuse_conv_bn_(graph)
+    _fuse_linear_bn_(graph)
+    _drop_unused_weights(graph)
+    for name, param in graph.named_parameters():
+        if name not in before:  # the bias a bias-free layer got from its BatchNorm trains as it did
+            param.requires_grad_(trains)
+
+
 def _set_child(model: nn.Module, path: str, new: nn.Module) -> nn.Module:
     if not path:
         return new
@@ -87,7 +103,12 @@ class _Prepare:
         modules: Sequence[str] | None = None,
         quantizer: Any = None,
         reduce_range: bool = False,
+        convert_mode: str = "eager",
+        qat_mode: str | None = None,
     ) -> None:
+        who = type(self).__name__
+        self.convert_mode = check_convert_mode(convert_mode, who)
+        self.qat_mode = None if qat_mode is None else check_qat_mode(qat_mode, who)
         if isinstance(modules, str):
             modules = [modules]
         self.example_inputs = example_inputs
@@ -109,6 +130,7 @@ class _Prepare:
             )
         from torchao.quantization.pt2e.quantize_pt2e import prepare_qat_pt2e
 
+        fuse_bn = check_qat_mode(self.qat_mode, who) == "fuse_bn"
         batch = example_batch(self.example_inputs, self.example_data_loader, who)
         captured = capture_inputs(model, batch, self.modules, who)
         quantizer = self.quantizer if self.quantizer is not None else default_quantizer(self.reduce_range)
@@ -116,28 +138,37 @@ class _Prepare:
             module = model.get_submodule(path) if path else model
             args, kwargs = captured[path]
             modes = {m: m.training for m in module.modules()}
-            module.train()  # prepare_qat_pt2e works on the training graph (BN folding, dropout)
+            # fuse_bn: BN folded with its running statistics, so the graph is exported in eval
+            # form; with_bn: prepare_qat_pt2e rewrites the training graph's conv-BN into its QAT pattern
+            module.train(not fuse_bn)
             try:
                 program = export_module(module, args, kwargs, path, who)
             finally:
                 for m, training in modes.items():
                     m.training = training
+            graph = program.module()
+            if fuse_bn:
+                _fold_batch_norms(graph)
             try:
-                graph = prepare_qat_pt2e(program.module(), quantizer)
+                graph = prepare_qat_pt2e(graph, quantizer)
             except Exception as exc:
                 raise QuantizationError(
                     f"{who}: the quantizer could not prepare {path or 'the model'!r} "
                     f"({type(module).__name__}): {type(exc).__name__}: {exc}"
                 ) from exc
-            prepared = PreparedModule(graph, self.stage, path, graph_training=True)
+            prepared = PreparedModule(graph, self.stage, path, graph_training=not fuse_bn)
             prepared.initialize_shapes(args, kwargs)
             prepared.train(module.training)
             model = _set_child(model, path, prepared)
-            logger.info("%s: prepared %s (%s) for int8, stage %s.", who, path or "the model", type(module).__name__, self.stage)
+            logger.info(
+                "%s: prepared %s (%s) for int8, stage %s, qat_mode %s.", who, path or "the model",
+                type(module).__name__, self.stage, check_qat_mode(self.qat_mode, who),
+            )
         return model
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(modules={self.modules!r})"
+        extra = f", qat_mode={self.qat_mode!r}" if self.qat_mode is not None else ""
+        return f"{type(self).__name__}(modules={self.modules!r}{extra})"
 
 
 class Float2Calibration(_Prepare):
@@ -158,6 +189,15 @@ class Float2Calibration(_Prepare):
             keep the loss in float.
         quantizer: a torchao PT2E ``Quantizer`` (default :func:`default_quantizer`).
         reduce_range: use 7-bit activations (for CPUs without VNNI), default quantizer only.
+        convert_mode: HAT's ``"eager"`` (default), ``"fx"``, ``"jit"`` or ``"jit-strip"``: each is
+            the one ``torch.export`` + ``prepare_qat_pt2e`` flow here (HAT's eager mode also calls
+            ``model.fuse_model()``; here ``qat_mode`` decides BatchNorm folding); other values raise.
+        qat_mode: ``"fuse_bn"`` (HAT's default, used when ``None``): every BatchNorm following a
+            conv/linear is folded into it with its running statistics before preparing, and
+            training goes on with the fused layers. ``"with_bn"``: BatchNorm stays, as torchao's
+            QAT conv-BN pattern (batch statistics in training, folded into the int8 weights by
+            ``QAT2Quantize``). A ``ModelConvertPipeline(qat_mode=...)`` sets it for its converters.
+            Calibration and QAT checkpoints load only into a model prepared with the same mode.
 
     Example:
         >>> import torch
@@ -242,9 +282,17 @@ class QAT2Quantize:
     each quantized op; the float weights are dropped. The result runs on the CPU as is (reference
     quantize/dequantize ops); ``torch.compile`` lowers it to int8 kernels.
 
+    Args:
+        convert_mode: HAT's ``"eager"``, ``"fx"``, ``"jit"`` or ``"jit-strip"``: all are the one
+            ``convert_pt2e`` conversion here (see :data:`~hat_ignite.quantization.qconfig.CONVERT_MODES`);
+            any other value raises.
+
     Raises:
         QuantizationError: the model was never prepared, or is already int8.
     """
+
+    def __init__(self, convert_mode: str = "eager") -> None:
+        self.convert_mode = check_convert_mode(convert_mode, type(self).__name__)
 
     def __call__(self, model: nn.Module) -> nn.Module:
         from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import copy
 import logging
-from typing import Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from torch import nn
+
+from hat_ignite.errors import QuantizationError
+from hat_ignite.quantization.prepared import prepared_modules
+from hat_ignite.quantization.qconfig import DEFAULT_QAT_MODE, check_qat_mode, parse_qconfig_params
 
 __all__ = ["ModelConvertPipeline"]
 
@@ -19,8 +24,23 @@ class ModelConvertPipeline:
     converter is a callable ``model -> model`` or its config; configs are built when the
     pipeline is built, so a misspelled converter fails before any model is touched.
 
+    HAT's ``qat_mode`` and ``qconfig_params`` are set here, as in HAT, and apply to this
+    pipeline's converters (HAT sets them process-wide; here they stay with the pipeline, so two
+    engines in one process can differ).
+
     Args:
         converters: the converters, applied first to last.
+        qat_mode: how BatchNorm is treated by the prepare converters (``Float2Calibration``,
+            ``Float2QAT``) that do not set their own: ``"fuse_bn"`` (HAT's default, used when
+            ``None``) folds it into the conv/linear before preparing; ``"with_bn"`` keeps it in QAT
+            (see :mod:`~hat_ignite.quantization.qconfig`). A converter with a different explicit
+            ``qat_mode`` is an error.
+        qconfig_params: HAT's qconfig arguments; the observers' ``averaging_constant`` per stage
+            and kind (e.g. ``activation_qat_qkwargs=dict(averaging_constant=0)`` keeps the
+            calibrated activation ranges through QAT) is applied to every prepared module of the
+            model after the converters ran. See
+            :func:`~hat_ignite.quantization.qconfig.parse_qconfig_params` for the keys honoured;
+            others raise.
 
     Example:
         >>> import torch
@@ -34,7 +54,12 @@ class ModelConvertPipeline:
         'PreparedModule'
     """
 
-    def __init__(self, converters: Sequence[Callable[[nn.Module], nn.Module] | dict]) -> None:
+    def __init__(
+        self,
+        converters: Sequence[Callable[[nn.Module], nn.Module] | dict],
+        qat_mode: str | None = None,
+        qconfig_params: Mapping[str, Any] | None = None,
+    ) -> None:
         if isinstance(converters, (dict, str)) or not isinstance(converters, Sequence):
             raise TypeError(
                 f"ModelConvertPipeline(converters=...) takes a list of converters or converter configs, "
@@ -42,6 +67,7 @@ class ModelConvertPipeline:
             )
         from hat_ignite.engine.loop import build_if_config
 
+        check_qat_mode(qat_mode, "ModelConvertPipeline")
         built = []
         for i, conv in enumerate(converters):
             conv = build_if_config(conv, f"model_convert_pipeline.converters[{i}]")
@@ -50,8 +76,30 @@ class ModelConvertPipeline:
                     f"model_convert_pipeline.converters[{i}] is a {type(conv).__name__}, which is not "
                     f"callable as converter(model) -> model."
                 )
-            built.append(conv)
+            built.append(self._with_qat_mode(conv, i, qat_mode))
         self.converters = built
+        self.qat_mode = qat_mode
+        self.averaging = parse_qconfig_params(qconfig_params)
+        if qat_mode is None and any(hasattr(c, "qat_mode") for c in built):
+            logger.info("ModelConvertPipeline: qat_mode not given, using HAT's default %r.", DEFAULT_QAT_MODE)
+
+    @staticmethod
+    def _with_qat_mode(conv: Any, i: int, qat_mode: str | None) -> Any:
+        """A copy of a prepare converter carrying the pipeline's ``qat_mode`` (others as they are)."""
+        mode = check_qat_mode(qat_mode, "ModelConvertPipeline")
+        own = getattr(conv, "qat_mode", None)
+        if not hasattr(conv, "qat_mode") or (own is None and qat_mode is None):
+            return conv
+        if own is not None:
+            if qat_mode is not None and own != mode:
+                raise QuantizationError(
+                    f"model_convert_pipeline.converters[{i}] ({conv!r}) has qat_mode={own!r} but the "
+                    f"pipeline has qat_mode={qat_mode!r}; give it in one place."
+                )
+            return conv
+        conv = copy.copy(conv)
+        conv.qat_mode = mode
+        return conv
 
     def __call__(self, model: nn.Module) -> nn.Module:
         for i, conv in enumerate(self.converters):
@@ -62,7 +110,12 @@ class ModelConvertPipeline:
                     f"{type(model).__name__}; a converter must return the model."
                 )
             logger.debug("model_convert_pipeline: applied %r", conv)
+        if self.averaging:
+            for module in prepared_modules(model):
+                if module.stage != "quantized":
+                    module.set_averaging(self.averaging)
         return model
 
     def __repr__(self) -> str:
-        return f"ModelConvertPipeline(converters={self.converters!r})"
+        extra = f", qat_mode={self.qat_mode!r}" if self.qat_mode is not None else ""
+        return f"ModelConvertPipeline(converters={self.converters!r}{extra})"

@@ -85,6 +85,12 @@ class PreparedModule(nn.Module):
         # Switching an exported graph rewrites it (slow): only graphs with dropout/BN need it.
         self._mode_ops = _has_mode_ops(graph)
         self._graph_training = graph_training
+        #: observer averaging constants per stage and kind (``qconfig_params``); see set_averaging
+        self.averaging: dict[str, dict[str, float]] = {}
+        self._default_averaging = [
+            getattr(getattr(fq, "activation_post_process", None), "averaging_constant", None)
+            for fq in self._fake_quantizers
+        ]
 
     # -- state -----------------------------------------------------------------------------
     def where(self) -> str:
@@ -123,7 +129,28 @@ class PreparedModule(nn.Module):
             for fq in self._fake_quantizers:
                 fq.observer_enabled[0] = int(observe)
                 fq.fake_quant_enabled[0] = int(fake_quant)
+            self._apply_averaging()
         self._applied = wanted
+
+    def set_averaging(self, averaging: dict[str, dict[str, float]]) -> None:
+        """Set the observers' averaging constants per stage and kind, applied at the next forward.
+
+        Args:
+            averaging: ``{stage: {"activation" | "weight": constant}}`` (from HAT's
+                ``qconfig_params``, see :func:`~hat_ignite.quantization.qconfig.parse_qconfig_params`);
+                a stage or kind left out keeps torchao's default.
+        """
+        self.averaging = {stage: dict(kinds) for stage, kinds in averaging.items()}
+        self._applied = None
+
+    def _apply_averaging(self) -> None:
+        wanted = self.averaging.get(self.stage, {})
+        for fq, default in zip(self._fake_quantizers, self._default_averaging):
+            observer = getattr(fq, "activation_post_process", None)
+            if default is None or observer is None:
+                continue
+            kind = "weight" if getattr(fq, "is_per_channel", False) else "activation"
+            observer.averaging_constant = wanted.get(kind, default)
 
     @torch.no_grad()
     def refresh_qparams(self) -> int:
