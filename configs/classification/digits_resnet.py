@@ -3,7 +3,8 @@
 Written the way HAT configs are: stage dicts ``float_trainer``, ``calibration_trainer``,
 ``qat_trainer``, ``int_infer_predictor``, each stage's ``model_convert_pipeline`` loading the
 previous stage's best checkpoint, HAT's quantization arguments (``qat_mode``, ``qconfig_params``,
-``convert_mode``).
+``convert_mode``), and HAT's import lines: ``hat-train``/``hat-predict`` serve ``hat.*`` from
+hat-ignite (see docs/hat-migration.md).
 
     python bin/hat-train   configs/classification/digits_resnet.py --stage float
     python bin/hat-train   configs/classification/digits_resnet.py --stage calibration
@@ -20,8 +21,10 @@ batch.
 import os
 
 import torch
+from hat.engine.processors.loss_collector import collect_loss_by_index
+from hat.utils.config import ConfigVersion
 
-from hat_ignite.engine.processors.loss_collectors import collect_loss_by_index
+VERSION = ConfigVersion.v2
 
 task_name = "digits_resnet"
 seed = 0
