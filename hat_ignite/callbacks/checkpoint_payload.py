@@ -29,6 +29,7 @@ content_sha256      SHA-256 of all of the above (see :mod:`.checkpoint_io`)
 from __future__ import annotations
 
 import logging
+import sys
 from typing import TYPE_CHECKING, Any
 
 import ignite.distributed as idist
@@ -47,15 +48,21 @@ logger = logging.getLogger(__name__)
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
-    """The module inside a ``DistributedDataParallel`` / ``DataParallel`` wrapper (or the model).
+    """The module inside ``DistributedDataParallel`` / ``DataParallel`` / ``torch.compile`` wrappers.
 
     >>> net = nn.Linear(2, 2)
     >>> unwrap_model(nn.DataParallel(net)) is net, unwrap_model(net) is net
     (True, True)
     """
-    if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
-        return model.module
-    return model
+    while True:
+        if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+            model = model.module
+            continue
+        dynamo = sys.modules.get("torch._dynamo.eval_frame")  # a compiled model has imported it
+        if dynamo is not None and isinstance(model, dynamo.OptimizedModule):
+            model = model._orig_mod
+            continue
+        return model
 
 
 # -- saving ----------------------------------------------------------------------------------

@@ -45,7 +45,8 @@ import torch
 
 from hat_ignite.callbacks.base import CallbackMixin
 from hat_ignite.callbacks.checkpoint_io import atomic_write
-from hat_ignite.callbacks.validation import unwrap_model
+from hat_ignite.callbacks.checkpoint_payload import unwrap_model
+from hat_ignite.engine.compile import remove_compiled_forward
 
 __all__ = ["SaveTraced", "output_names", "OUTPUT_NAMES_FILE"]
 
@@ -183,6 +184,7 @@ class SaveTraced(CallbackMixin):
             ValueError: ``allow_anno_miss=False`` and an output has no name.
         """
         module = copy.deepcopy(unwrap_model(model)).cpu().eval()
+        remove_compiled_forward(module)  # a compiled model (compiler=...) is traced eagerly
         args = self._args()
         with torch.no_grad():
             if self.forward_before_trace:

@@ -183,6 +183,10 @@ class ResumableLoopMixin:
             return self._data
         if saved_length and done >= saved_length and pending.get("epoch_open"):
             self._replay_epoch_end, self._boundary_rng = True, rng
+        elif saved_length and 0 < done < saved_length and getattr(self, "resume_dataloader", None) is False:
+            self._boundary_rng = rng
+            self.logger.info("resume_dataloader=False: epoch %d goes on at step %d of %d with a fresh pass of "
+                             "the data loader.", start_iteration // saved_length, done, saved_length)
         elif saved_length and 0 < done < saved_length:
             self._data.resume_at(done, pending.get("generators"), rng)
             self.logger.info("Resuming inside epoch %d at step %d of %d.", start_iteration // saved_length,
