@@ -305,13 +305,11 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
         """``batch_processor=None`` / ``data_loader=None`` only suit a loop with no step to run."""
         if self._nothing_to_run():
             return
-        missing = " and ".join(
-            name for name, value in (("batch_processor", batch_processor), ("data_loader", self.data_loader))
-            if value is None
-        )
+        names = [n for n, v in (("batch_processor", batch_processor), ("data_loader", self.data_loader)) if v is None]
+        missing = " and ".join(names)
         limit = f"num_epochs={self.num_epochs}" if self.stop_by == "epoch" else f"num_steps={self.num_steps}"
         raise ValueError(
-            f"{type(self).__name__}: {missing} is None, but {limit} asks for steps to run. A loop without "
+            f"{type(self).__name__}: {missing} {'are' if len(names) > 1 else 'is'} None, but {limit} asks for steps to run. A loop without "
             f"them can only be an export stage: set {'num_epochs' if self.stop_by == 'epoch' else 'num_steps'}"
             f"=0 to run just the model_convert_pipeline and the loop begin/end hooks (SaveTraced, "
             f"Checkpoint ...), or give the {missing}."
