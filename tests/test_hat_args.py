@@ -254,3 +254,44 @@ def test_unknown_or_unsupported_hat_arguments_are_named():
         with pytest.raises(NotImplementedError, match=f"{name}=True.*{name}=False"):
             Calibrator(model=DigitNet(), data_loader=digits_loader(), batch_processor=processor, num_steps=1,
                        **{name: True})
+
+
+EXPORT_CONFIG = '''
+import torch
+
+seed = 0
+work_dir = "./work"
+model = dict(type="MLPClassifier", in_features=64, hidden_features=16, num_classes=10)
+# HAT's "just for saving" stage: no data, no optimizer, no batch processor, num_epochs=0
+int_infer_trainer = dict(
+    type="Trainer",
+    model=model,
+    model_convert_pipeline=dict(
+        type="ModelConvertPipeline", converters=[dict(type="LoadCheckpoint", checkpoint_path={ckpt!r})],
+    ),
+    data_loader=None,
+    optimizer=None,
+    batch_processor=None,
+    num_epochs=0,
+    device=None,
+    callbacks=[dict(type="SaveTraced", save_dir="./deploy", trace_inputs=dict(img=torch.zeros(2, 64)),
+                    save_hash=False)],
+)
+'''
+
+
+def test_hat_train_runs_an_export_only_stage(tmp_path):
+    from conftest import run_tool
+
+    from hat_ignite.models.mlp import MLPClassifier
+
+    torch.manual_seed(4)
+    source = MLPClassifier(in_features=64, hidden_features=16, num_classes=10)
+    ckpt = _saved(tmp_path, source, "float-best.pth.tar")
+    config = tmp_path / "export.py"
+    config.write_text(EXPORT_CONFIG.format(ckpt=ckpt))
+    proc = run_tool("hat-train", config, "--stage", "int_infer", cwd=tmp_path, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    traced = torch.jit.load(str(tmp_path / "deploy" / "deploy-checkpoint-last.pt"))
+    x = torch.randn(5, 64)
+    torch.testing.assert_close(traced(dict(img=x)), source.eval()(dict(img=x)))
