@@ -295,3 +295,63 @@ def test_hat_train_runs_an_export_only_stage(tmp_path):
     traced = torch.jit.load(str(tmp_path / "deploy" / "deploy-checkpoint-last.pt"))
     x = torch.randn(5, 64)
     torch.testing.assert_close(traced(dict(img=x)), source.eval()(dict(img=x)))
+
+
+# -- SaveTraced(save_gpu_pt) ------------------------------------------------------------------
+def test_save_gpu_pt_traces_on_the_gpu_or_says_it_needs_one(tmp_path):
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="save_gpu_pt=True.*no usable CUDA.*save_gpu_pt=False"):
+            SaveTraced(save_dir=str(tmp_path), trace_inputs=(torch.zeros(1, 64),), save_gpu_pt=True)
+        return
+    saver = SaveTraced(save_dir=str(tmp_path), trace_inputs=(torch.zeros(1, 64), torch.tensor([0])),
+                       save_gpu_pt=True, save_exported=False)
+    traced = torch.jit.load(saver.save(DigitNet()))
+    assert all(p.is_cuda for p in traced.parameters())
+
+
+# -- Checkpoint(only_save_ddp) and submodule DDP keys ----------------------------------------
+DDP_SCRIPT = '''
+import os, sys, torch
+from sklearn.datasets import load_digits
+from torch.utils.data import DataLoader, TensorDataset
+sys.path.insert(0, {tests!r})
+from test_hat_args import DigitNet
+from hat_ignite.callbacks.checkpoint import Checkpoint
+from hat_ignite.callbacks.checkpoint_io import load_checkpoint
+from hat_ignite.engine import BasicBatchProcessor, DistributedDataParallelTrainer, collect_loss_by_index
+
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
+torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+x, y = load_digits(return_X_y=True)
+data = DataLoader(TensorDataset(torch.tensor(x[:80] / 16.0, dtype=torch.float32), torch.tensor(y[:80])), batch_size=40)
+for only in (False, True):
+    out = os.path.join({out!r}, str(only))
+    model = DigitNet()
+    trainer = DistributedDataParallelTrainer(
+        model=model, data_loader=data, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        batch_processor=BasicBatchProcessor(need_grad_update=True, loss_collector=collect_loss_by_index(0)),
+        device=None, num_epochs=1, convert_submodule_list=["backbone"],
+        callbacks=[Checkpoint(save_dir=out, only_save_ddp=only)])
+    trainer.fit()
+    print(only, sorted(load_checkpoint(os.path.join(out, "checkpoint-last.pth.tar"))["state_dict"]))
+torch.distributed.destroy_process_group()
+'''
+
+
+def test_only_save_ddp_saves_the_ddp_submodules_with_plain_keys(tmp_path):
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    script = DDP_SCRIPT.format(tests=str(Path(__file__).parent), out=str(tmp_path))
+    proc = subprocess.run([sys.executable, "-c", script, str(port)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(("False", "True"))]
+    assert lines == [
+        "False ['backbone.0.bias', 'backbone.0.weight', 'head.bias', 'head.weight']",
+        "True ['backbone.0.bias', 'backbone.0.weight']",
+    ]
