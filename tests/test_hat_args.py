@@ -334,11 +334,24 @@ for only in (False, True):
         callbacks=[Checkpoint(save_dir=out, only_save_ddp=only)])
     trainer.fit()
     print(only, sorted(load_checkpoint(os.path.join(out, "checkpoint-last.pth.tar"))["state_dict"]))
+# a compiled model inside DDP: the forward goes through dynamo, the gradients are all-reduced
+graphs = []
+def backend(gm, example_inputs):
+    graphs.append(gm)
+    return gm.forward
+model = DigitNet()
+before = model.head.weight.detach().clone()
+trainer = DistributedDataParallelTrainer(
+    model=model, data_loader=data, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+    batch_processor=BasicBatchProcessor(need_grad_update=True, loss_collector=collect_loss_by_index(0)),
+    device=None, num_epochs=1, compiler=dict(type="Torch2Compile", backend=backend))
+trainer.fit()
+print("compiled", type(trainer.model).__name__, bool(graphs), not torch.equal(before, model.head.weight))
 torch.distributed.destroy_process_group()
 '''
 
 
-def test_only_save_ddp_saves_the_ddp_submodules_with_plain_keys(tmp_path):
+def test_only_save_ddp_saves_the_ddp_submodules_with_plain_keys_and_ddp_takes_a_compiler(tmp_path):
     import socket
     import subprocess
     import sys
@@ -355,3 +368,4 @@ def test_only_save_ddp_saves_the_ddp_submodules_with_plain_keys(tmp_path):
         "False ['backbone.0.bias', 'backbone.0.weight', 'head.bias', 'head.weight']",
         "True ['backbone.0.bias', 'backbone.0.weight']",
     ]
+    assert "compiled DistributedDataParallel True True" in proc.stdout
