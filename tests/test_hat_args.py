@@ -237,7 +237,8 @@ def test_export_only_stage_runs_the_pipeline_and_the_loop_hooks(tmp_path):
 def test_a_loop_without_batch_processor_or_data_that_has_steps_to_run_is_refused():
     model = DigitNet()
     with pytest.raises(ValueError, match=r"batch_processor is None, but num_epochs=1 asks for steps.*num_epochs=0"):
-        Trainer(model=model, data_loader=digits_loader(), optimizer=None, batch_processor=None, device=None, num_epochs=1)
+        Trainer(model=model, data_loader=digits_loader(), optimizer=None, batch_processor=None, device=None,
+                num_epochs=1)
     with pytest.raises(ValueError, match=r"batch_processor and data_loader are None, but num_steps=3.*num_steps=0"):
         Trainer(model=model, data_loader=None, optimizer=None, batch_processor=None, device=None,
                 stop_by="step", num_steps=3)

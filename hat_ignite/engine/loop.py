@@ -306,13 +306,13 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
         if self._nothing_to_run():
             return
         names = [n for n, v in (("batch_processor", batch_processor), ("data_loader", self.data_loader)) if v is None]
-        missing = " and ".join(names)
-        limit = f"num_epochs={self.num_epochs}" if self.stop_by == "epoch" else f"num_steps={self.num_steps}"
+        missing, verb = " and ".join(names), "are" if len(names) > 1 else "is"
+        key = "num_epochs" if self.stop_by == "epoch" else "num_steps"
         raise ValueError(
-            f"{type(self).__name__}: {missing} {'are' if len(names) > 1 else 'is'} None, but {limit} asks for steps to run. A loop without "
-            f"them can only be an export stage: set {'num_epochs' if self.stop_by == 'epoch' else 'num_steps'}"
-            f"=0 to run just the model_convert_pipeline and the loop begin/end hooks (SaveTraced, "
-            f"Checkpoint ...), or give the {missing}."
+            f"{type(self).__name__}: {missing} {verb} None, but {key}={getattr(self, key)} asks for steps "
+            f"to run. A loop without them can only be an export stage: set {key}=0 to run just the "
+            f"model_convert_pipeline and the loop begin/end hooks (SaveTraced, Checkpoint ...), or give "
+            f"the {missing}."
         )
 
     # -- running ---------------------------------------------------------------------------
