@@ -53,6 +53,8 @@ BUILTIN_OBJECTS: dict[str, str] = {
     # profilers
     "SimpleProfiler": "hat_ignite.profiler.simple:SimpleProfiler",
     "TorchProfiler": "hat_ignite.profiler.torch_profiler:TorchProfiler",
+    # model converters
+    "Torch2Compile": "hat_ignite.engine.compile:Torch2Compile",
     # quantization (torchao PT2E)
     "Calibrator": "hat_ignite.engine.calibrator:Calibrator",
     "ModelConvertPipeline": "hat_ignite.quantization.pipeline:ModelConvertPipeline",

@@ -46,7 +46,7 @@ from hat_ignite.callbacks.checkpoint_files import (
     scan_checkpoints,
     weights_finite,
 )
-from hat_ignite.callbacks.checkpoint_payload import training_state
+from hat_ignite.callbacks.checkpoint_payload import training_state, unwrap_model
 from hat_ignite.errors import CheckpointError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -99,6 +99,10 @@ class Checkpoint(CallbackMixin):
             supported: a parallel sampler in a multi-process run is refused at loop begin; in
             one process there is nothing to merge.
         save_hash: put the first 8 hex digits of the content hash in periodic file names.
+        only_save_ddp: with submodules wrapped in DDP each on its own (the DDP trainer's
+            ``convert_submodule_list``), save only their weights (keys ``backbone.fc.weight``);
+            a model without such submodules is saved whole. Loading such a file into the whole
+            model needs ``allow_miss=True``.
         keep_n: keep only the newest ``keep_n`` periodic files (``None``: keep all).
 
     The best checkpoint is considered at each save point; when the loop has an EMA model, the
@@ -124,6 +128,7 @@ class Checkpoint(CallbackMixin):
         best_refer_metric: Any = None,
         task_sampler: Any = None,
         save_hash: bool = True,
+        only_save_ddp: bool = False,
         keep_n: int | None = None,
     ) -> None:
         if isinstance(save_interval, bool) or not isinstance(save_interval, int) or save_interval < 1:
@@ -152,6 +157,7 @@ class Checkpoint(CallbackMixin):
         self.best_refer_metric: Sequence[Any] | None = best_refer_metric
         self.task_sampler = task_sampler
         self.save_hash = save_hash
+        self.only_save_ddp = bool(only_save_ddp)
         self.keep_n = keep_n
         self.best: float | None = None
         self._saved_iteration: int | None = None
@@ -226,7 +232,7 @@ class Checkpoint(CallbackMixin):
             return
         if self._saved_iteration == loop.state.iteration:
             return  # the final save point already wrote this state
-        path = atomic_save(with_content_hash(training_state(loop, epoch_id, global_step_id)), self.last_path)
+        path = atomic_save(with_content_hash(self._training_state(loop, epoch_id, global_step_id)), self.last_path)
         self._saved_iteration = loop.state.iteration
         logger.info("Saved checkpoint %s at the end of training.", path)
 
@@ -258,7 +264,7 @@ class Checkpoint(CallbackMixin):
         if not self._is_writer():
             return None
         os.makedirs(self.save_dir, exist_ok=True)
-        payload = with_content_hash(training_state(loop, epoch_id, global_step_id))
+        payload = with_content_hash(self._training_state(loop, epoch_id, global_step_id))
         path = atomic_save(payload, self._path(self.periodic_name(kind, number, payload[HASH_KEY])))
         atomic_link(path, self.last_path)
         if is_best:
@@ -275,6 +281,16 @@ class Checkpoint(CallbackMixin):
         logger.info("Saved checkpoint %s%s.", path, best)
         self._rotate(kind, number, path)
         return path
+
+    def _training_state(self, loop: LoopBase, epoch_id: int, global_step_id: int) -> dict[str, Any]:
+        state = training_state(loop, epoch_id, global_step_id)
+        if self.only_save_ddp:
+            model = unwrap_model(loop.model)
+            wrapped = [n for n, m in model.named_children() if isinstance(m, torch.nn.parallel.DistributedDataParallel)]
+            if wrapped:
+                state["state_dict"] = {k: v for k, v in state["state_dict"].items()
+                                       if any(k.startswith(f"{n}.") for n in wrapped)}
+        return state
 
     def _write_best(self, payload: Mapping[str, Any], path: str) -> None:
         ema = payload.get("ema_state_dict")

@@ -29,6 +29,7 @@ content_sha256      SHA-256 of all of the above (see :mod:`.checkpoint_io`)
 from __future__ import annotations
 
 import logging
+import sys
 from typing import TYPE_CHECKING, Any
 
 import ignite.distributed as idist
@@ -41,21 +42,65 @@ from hat_ignite.engine.resume import rng_state, set_rng_state
 if TYPE_CHECKING:  # pragma: no cover
     from hat_ignite.engine.loop import LoopBase
 
-__all__ = ["unwrap_model", "rng_state", "set_rng_state", "stateful_callbacks", "training_state"]
+__all__ = ["unwrap_model", "plain_state_dict", "rng_state", "set_rng_state", "stateful_callbacks", "training_state"]
 
 logger = logging.getLogger(__name__)
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
-    """The module inside a ``DistributedDataParallel`` / ``DataParallel`` wrapper (or the model).
+    """The module inside ``DistributedDataParallel`` / ``DataParallel`` / ``torch.compile`` wrappers.
 
     >>> net = nn.Linear(2, 2)
     >>> unwrap_model(nn.DataParallel(net)) is net, unwrap_model(net) is net
     (True, True)
     """
-    if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
-        return model.module
-    return model
+    while True:
+        if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+            model = model.module
+            continue
+        dynamo = sys.modules.get("torch._dynamo.eval_frame")  # a compiled model has imported it
+        if dynamo is not None and isinstance(model, dynamo.OptimizedModule):
+            model = model._orig_mod
+            continue
+        return model
+
+
+def _wrapped_attribute(module: nn.Module) -> str | None:
+    """The attribute a wrapper holds its module in (``module``, ``_orig_mod``), or ``None``."""
+    if isinstance(module, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+        return "module"
+    dynamo = sys.modules.get("torch._dynamo.eval_frame")
+    if dynamo is not None and isinstance(module, dynamo.OptimizedModule):
+        return "_orig_mod"
+    return None
+
+
+def plain_state_dict(model: nn.Module) -> dict[str, Any]:
+    """``model``'s state dict with the keys of the unwrapped model, wherever the wrappers are.
+
+    A whole-model wrapper is looked through (:func:`unwrap_model`); a submodule wrapped on its own
+    (``convert_submodule_list`` DDP, a ``torch.compile``'d submodule) loses the wrapper's segment
+    (``backbone.module.fc.weight`` -> ``backbone.fc.weight``).
+
+    >>> net = nn.Sequential(nn.Linear(2, 2))
+    >>> net[0] = nn.DataParallel(net[0])
+    >>> list(plain_state_dict(net))
+    ['0.weight', '0.bias']
+    """
+    model = unwrap_model(model)
+    state = model.state_dict()
+    wrappers = [(name, attr) for name, m in model.named_modules() if name for attr in [_wrapped_attribute(m)] if attr]
+    if not wrappers:
+        return state
+    wrappers.sort(key=lambda item: len(item[0]), reverse=True)  # the innermost first
+    plain: dict[str, Any] = {}
+    for key, value in state.items():
+        for name, attr in wrappers:
+            inner = f"{name}.{attr}."
+            if key.startswith(inner):
+                key = f"{name}.{key[len(inner):]}"
+        plain[key] = value
+    return plain
 
 
 # -- saving ----------------------------------------------------------------------------------
@@ -97,10 +142,10 @@ def training_state(loop: LoopBase, epoch_id: int, global_step_id: int) -> dict[s
     return {
         "epoch": int(epoch_id),
         "step": int(global_step_id),
-        "state_dict": unwrap_model(loop.model).state_dict(),
+        "state_dict": plain_state_dict(loop.model),
         "optimizer": loop.optimizer.state_dict() if loop.optimizer is not None else None,
         "grad_scaler": scaler.state_dict() if callable(getattr(scaler, "state_dict", None)) else None,
-        "ema_state_dict": unwrap_model(loop.ema_model).state_dict() if loop.ema_model is not None else None,
+        "ema_state_dict": plain_state_dict(loop.ema_model) if loop.ema_model is not None else None,
         "callbacks": {key: cb.state_dict() for key, cb in stateful_callbacks(loop.callbacks)},
         "progress": {
             "epoch": int(state.epoch),

@@ -52,6 +52,10 @@ def _model_weights(checkpoint: Any, path: str) -> Mapping[str, Any]:
     )
 
 
+def _shape_differs(saved: Any, current: Any) -> bool:
+    return isinstance(saved, torch.Tensor) and isinstance(current, torch.Tensor) and saved.shape != current.shape
+
+
 def load_model_weights(
     model: nn.Module,
     checkpoint: Any,
@@ -61,6 +65,7 @@ def load_model_weights(
     verbose: bool = False,
     state_dict_update_func: Callable[[dict], dict] | None = None,
     key: str = "state_dict",
+    ignore_tensor_shape: bool = False,
 ) -> nn.Module:
     """Copy a loaded checkpoint's weights into ``model``, checking that they fit.
 
@@ -73,13 +78,18 @@ def load_model_weights(
         verbose: log the missing and extra keys even when they are accepted.
         state_dict_update_func: applied to the weights before loading (rename keys, ...).
         key: the checkpoint entry holding the weights (``"ema_state_dict"`` for EMA weights).
+        ignore_tensor_shape: skip the tensors whose shape differs from the model's (a new
+            classification head, say): the model keeps its own values for them, the other
+            tensors are loaded, and a warning names the skipped ones. Such tensors count as
+            neither missing nor extra.
 
     Returns:
         ``model``.
 
     Raises:
-        CheckpointError: shapes differ, or keys are missing/extra and not allowed — usually the
-            checkpoint of another model. Names the path and the first offending keys.
+        CheckpointError: shapes differ (without ``ignore_tensor_shape``), or keys are
+            missing/extra and not allowed — usually the checkpoint of another model. Names the
+            path and the first offending keys.
     """
     path = os.path.abspath(os.fspath(path))
     if key == "state_dict":
@@ -92,14 +102,23 @@ def load_model_weights(
     own = target.state_dict()
     if weights and all(k.startswith("module.") for k in weights) and not any(k.startswith("module.") for k in own):
         weights = {k[len("module."):]: v for k, v in weights.items()}
+    if any("_orig_mod." in k for k in weights) and not any("_orig_mod." in k for k in own):
+        weights = {k.replace("_orig_mod.", ""): v for k, v in weights.items()}  # saved from torch.compile(model)
     missing = [k for k in own if k not in weights]
     extra = [k for k in weights if k not in own]
     shapes = [
         f"{k}: checkpoint {tuple(weights[k].shape)} vs model {tuple(own[k].shape)}"
         for k in own
-        if k in weights and isinstance(own[k], torch.Tensor) and isinstance(weights[k], torch.Tensor)
-        and weights[k].shape != own[k].shape
+        if k in weights and _shape_differs(weights[k], own[k])
     ]
+    if shapes and ignore_tensor_shape:
+        logger.warning(
+            "Loading %s into %s: %d tensor(s) of another shape skipped (ignore_tensor_shape=True), the model keeps "
+            "its own values for them: %s", path, type(target).__name__, len(shapes), "; ".join(shapes),
+        )
+        for k in [k for k in own if k in weights and _shape_differs(weights[k], own[k])]:
+            del weights[k]
+        shapes = []
     problems = []
     if shapes:
         problems.append(f"{len(shapes)} shape mismatch(es) [{_listed(shapes)}]")
@@ -111,7 +130,8 @@ def load_model_weights(
         raise CheckpointError(
             f"Checkpoint {path} ({key}) does not fit {type(target).__name__}: {'; '.join(problems)}. "
             f"Is it the checkpoint of another model? Load the right file, or pass allow_miss=True / "
-            f"ignore_extra=True to load the matching part (shapes must always agree)."
+            f"ignore_extra=True to load the matching part (and ignore_tensor_shape=True to skip tensors of "
+            f"another shape)."
         )
     if verbose and (missing or extra):
         logger.info("Loading %s into %s: missing %s; extra %s", path, type(target).__name__, missing, extra)
@@ -292,12 +312,19 @@ class LoadCheckpoint:
     state into a loop.
 
     Args:
-        checkpoint_path: the checkpoint file.
+        checkpoint_path: the checkpoint file (``None``: load nothing).
         allow_miss: accept model entries the checkpoint lacks.
         ignore_extra: accept checkpoint entries the model lacks.
         verbose: log missing/extra keys even when accepted.
         check_hash: verify the recorded content hash (default ``True``).
         state_dict_update_func: applied to the weights before loading (rename keys, ...).
+        ignore_tensor_shape: skip checkpoint tensors whose shape differs from the model's (see
+            :func:`load_model_weights`).
+        enable_tracking: HAT's AIDI checkpoint tracking; only ``False`` is supported (``True``
+            raises ``ValueError``: there is no AIDI service here).
+
+    ``checkpoint_path=None`` loads nothing (the model is returned as is, and the log says so),
+    as in HAT.
 
     Example:
         >>> import tempfile, torch
@@ -313,14 +340,22 @@ class LoadCheckpoint:
 
     def __init__(
         self,
-        checkpoint_path: PathLike,
+        checkpoint_path: PathLike | None,
         allow_miss: bool = False,
         ignore_extra: bool = False,
         verbose: bool = False,
         check_hash: bool = True,
         state_dict_update_func: Callable[[dict], dict] | None = None,
+        ignore_tensor_shape: bool = False,
+        enable_tracking: bool = False,
     ) -> None:
+        if enable_tracking:
+            raise ValueError(
+                f"LoadCheckpoint({checkpoint_path!r}, enable_tracking=True) asks HAT's AIDI service to track "
+                f"the checkpoint; hat-ignite has no AIDI client. Set enable_tracking=False."
+            )
         self.checkpoint_path = checkpoint_path
+        self.ignore_tensor_shape = ignore_tensor_shape
         self.allow_miss = allow_miss
         self.ignore_extra = ignore_extra
         self.verbose = verbose
@@ -329,17 +364,22 @@ class LoadCheckpoint:
         self.checkpoint: Any = None
 
     def __call__(self, model: nn.Module) -> nn.Module:
+        if self.checkpoint_path is None:
+            logger.info("LoadCheckpoint: checkpoint_path is None, no weights loaded.")
+            return model
         self.checkpoint = load_checkpoint(self.checkpoint_path, check_hash=self.check_hash)
         load_model_weights(
             model, self.checkpoint, self.checkpoint_path, allow_miss=self.allow_miss,
             ignore_extra=self.ignore_extra, verbose=self.verbose,
-            state_dict_update_func=self.state_dict_update_func,
+            state_dict_update_func=self.state_dict_update_func, ignore_tensor_shape=self.ignore_tensor_shape,
         )
         logger.info("Loaded model weights from %s.", self.checkpoint_path)
         return model
 
     def resume(self, loop: LoopBase) -> dict[str, list[str]]:
         """Restore the rest of the loaded training state into ``loop`` (weights already loaded)."""
+        if self.checkpoint_path is None:
+            return {"restored": [], "skipped": ["everything (checkpoint_path is None)"]}
         if self.checkpoint is None:
             raise ValueError(
                 f"LoadCheckpoint({self.checkpoint_path!r}).resume(loop) was called before the "

@@ -1,8 +1,9 @@
 """`SaveTraced`: trace the trained model when the loop ends and save it for deployment.
 
-At ``on_loop_end`` (rank 0 only) a CPU copy of the model (unwrapped from DataParallel/DDP, in
-eval mode; the training model is not touched) is traced with :func:`torch.jit.trace` on
-``trace_inputs`` and saved as ``<save_dir>/<name_prefix>deploy-checkpoint-last.pt``; load it with
+At ``on_loop_end`` (rank 0 only) a CPU copy (``save_gpu_pt``: a GPU copy) of the model
+(unwrapped from DataParallel/DDP/``torch.compile``, in eval mode, with its plain forward; the
+training model is not touched) is traced with :func:`torch.jit.trace` on ``trace_inputs`` and
+saved as ``<save_dir>/<name_prefix>deploy-checkpoint-last.pt``; load it with
 ``torch.jit.load(path)``, without hat_ignite or the model's code. The same copy is also exported
 with :func:`torch.export.export` and saved with :func:`torch.export.save` as ``...-last.pt2``
 (load with ``torch.export.load(path).module()``); a model that does not export (data-dependent
@@ -11,7 +12,7 @@ traced file is still written.
 
 Inputs follow the batch processors' convention: a tuple or list is unpacked into the call
 (``model(*trace_inputs)``), anything else (a dict, a tensor) is passed as the one argument.
-They are moved to the CPU.
+They are moved to the CPU (to the GPU with ``save_gpu_pt``).
 
 Names: with ``save_hash`` the first 8 hex digits of the file's SHA-256 are added
 (``...-last-1a2b3c4d.pt``), so ``sha256sum`` checks a copied file, and files of earlier runs with
@@ -45,7 +46,8 @@ import torch
 
 from hat_ignite.callbacks.base import CallbackMixin
 from hat_ignite.callbacks.checkpoint_io import atomic_write
-from hat_ignite.callbacks.validation import unwrap_model
+from hat_ignite.callbacks.checkpoint_payload import unwrap_model
+from hat_ignite.engine.compile import remove_compiled_forward
 
 __all__ = ["SaveTraced", "output_names", "OUTPUT_NAMES_FILE"]
 
@@ -57,15 +59,15 @@ OUTPUT_NAMES_FILE = "output_names.json"
 _BASE_NAME = "deploy-checkpoint-last"
 
 
-def _to_cpu(obj: Any) -> Any:
+def _to_device(obj: Any, device: torch.device) -> Any:
     if isinstance(obj, torch.Tensor):
-        return obj.detach().cpu()
+        return obj.detach().to(device)
     if isinstance(obj, Mapping):
-        return {k: _to_cpu(v) for k, v in obj.items()}
+        return {k: _to_device(v, device) for k, v in obj.items()}
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-        return type(obj)(*(_to_cpu(v) for v in obj))
+        return type(obj)(*(_to_device(v, device) for v in obj))
     if isinstance(obj, (list, tuple)):
-        return type(obj)(_to_cpu(v) for v in obj)
+        return type(obj)(_to_device(v, device) for v in obj)
     return obj
 
 
@@ -115,6 +117,8 @@ class SaveTraced(CallbackMixin):
         forward_before_trace: run the model once on ``trace_inputs`` before tracing (to check
             it, or to trigger lazy initialisation).
         save_exported: also write the ``torch.export`` program (``.pt2``).
+        save_gpu_pt: trace (and export) on the current CUDA device instead of the CPU, so the
+            saved module runs on the GPU, as HAT's flag does. Needs CUDA.
 
     Attributes:
         traced_path: the ``.pt`` written by the latest run (``None`` before).
@@ -138,6 +142,7 @@ class SaveTraced(CallbackMixin):
         save_hash: bool = True,
         forward_before_trace: bool = False,
         save_exported: bool = True,
+        save_gpu_pt: bool = False,
     ) -> None:
         if not isinstance(save_dir, (str, os.PathLike)) or not os.fspath(save_dir):
             raise ValueError(f"SaveTraced: save_dir must be a directory path, got {save_dir!r}.")
@@ -155,11 +160,18 @@ class SaveTraced(CallbackMixin):
         self.save_hash = save_hash
         self.forward_before_trace = forward_before_trace
         self.save_exported = save_exported
+        if save_gpu_pt and not torch.cuda.is_available():
+            raise ValueError(
+                f"SaveTraced(save_gpu_pt=True) traces the model on a GPU, but this torch has no usable CUDA "
+                f"(torch {torch.__version__}). Set save_gpu_pt=False to save a CPU module."
+            )
+        self.save_gpu_pt = save_gpu_pt
+        self._device = torch.device("cuda", torch.cuda.current_device()) if save_gpu_pt else torch.device("cpu")
         self.traced_path: str | None = None
         self.exported_path: str | None = None
 
     def _args(self) -> tuple[Any, ...]:
-        inputs = _to_cpu(self.trace_inputs)
+        inputs = _to_device(self.trace_inputs, self._device)
         return tuple(inputs) if isinstance(inputs, (list, tuple)) and not hasattr(inputs, "_fields") else (inputs,)
 
     def _write(self, data: bytes, suffix: str) -> str:
@@ -176,13 +188,14 @@ class SaveTraced(CallbackMixin):
         return path
 
     def save(self, model: torch.nn.Module) -> str:
-        """Trace a CPU copy of ``model`` and save it (and its export program); return the ``.pt`` path.
+        """Trace a copy of ``model`` and save it (and its export program); return the ``.pt`` path.
 
         Raises:
             RuntimeError: tracing fails; names the model and the inputs' structure.
             ValueError: ``allow_anno_miss=False`` and an output has no name.
         """
-        module = copy.deepcopy(unwrap_model(model)).cpu().eval()
+        module = copy.deepcopy(unwrap_model(model)).to(self._device).eval()
+        remove_compiled_forward(module)  # a compiled model (compiler=...) is traced eagerly
         args = self._args()
         with torch.no_grad():
             if self.forward_before_trace:

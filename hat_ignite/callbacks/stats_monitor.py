@@ -17,7 +17,9 @@ every log, keeping the keys of the other kind of log:
   ``data_time``, ``compute_time``, ``step_time`` (mean seconds per step over the steps since
   the previous step log), ``samples_per_sec`` (``None`` when the batch size is unknown),
   ``lr`` (first param group; ``None`` without an optimizer), ``eta_seconds`` (``None`` when the
-  run's length is unknown) and ``peak_memory_mib``;
+  run's length is unknown), ``peak_memory_mib`` and, with ``log_profiler=True``,
+  ``profiler_top`` (the three sections of the loop's profiler with the most time so far, as
+  ``(name, seconds)`` pairs);
 * epoch ends: ``epoch_id``, ``global_step_id``, ``epoch_time`` (seconds), ``epoch_steps``,
   ``epoch_data_time``, ``epoch_compute_time`` (mean seconds per step), ``epoch_samples_per_sec``,
   ``lr``, ``eta_seconds`` and ``peak_memory_mib``.
@@ -144,6 +146,11 @@ class StatsMonitor(CallbackMixin):
         batch_size: samples per step; ``None`` infers it from the first dimension of the first
             tensor of each batch (give it for a ``MultiBatchProcessor``, whose step holds
             several batches).
+        log_profiler: also log, at each step log, the three sections of the loop's
+            :class:`~hat_ignite.profiler.SimpleProfiler` that took the most time so far (HAT's
+            "most time cost op"). A loop without a profiler gets a ``SimpleProfiler(log=False)``
+            from this callback (which times every handler from then on); with a profiler that
+            keeps no running totals (``TorchProfiler``) a warning says nothing can be logged.
 
     Example:
         >>> from hat_ignite.engine import BasicBatchProcessor, Trainer, collect_loss_by_index
@@ -164,13 +171,14 @@ class StatsMonitor(CallbackMixin):
         (4, 4, 0.01, 0.0)
     """
 
-    def __init__(self, log_freq: int = 200, batch_size: int | None = None) -> None:
+    def __init__(self, log_freq: int = 200, batch_size: int | None = None, log_profiler: bool = False) -> None:
         if isinstance(log_freq, bool) or not isinstance(log_freq, int):
             raise TypeError(f"StatsMonitor: log_freq must be an int (< 1: log at epoch ends only), got {log_freq!r}.")
         if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
             raise ValueError(f"StatsMonitor: batch_size must be None (inferred) or a positive int, got {batch_size!r}.")
         self.log_freq = log_freq
         self.batch_size = batch_size
+        self.log_profiler = bool(log_profiler)
         self._clock = time.perf_counter
         self._run = _Totals()
         self._epoch = _Totals()
@@ -207,10 +215,26 @@ class StatsMonitor(CallbackMixin):
         old = storage.get(STORAGE_KEY)
         storage[STORAGE_KEY] = {**(old if isinstance(old, dict) else {}), **figures}
 
+    def attach(self, engine: Any) -> Any:
+        """Attach the hooks; with ``log_profiler`` give a loop without a profiler a SimpleProfiler."""
+        handles = super().attach(engine)
+        if self.log_profiler and getattr(engine, "profiler", "absent") is None:
+            from hat_ignite.profiler import SimpleProfiler
+
+            engine.profiler = SimpleProfiler(log=False)
+            engine.profiler.attach(engine)
+        return handles
+
     # -- hooks -----------------------------------------------------------------------------
-    def on_loop_begin(self, loop: Any = None, **kwargs: Any) -> None:
+    def on_loop_begin(self, loop: Any = None, profiler: Any = None, **kwargs: Any) -> None:
         if loop is not None:
             loop.step_clock = self._clock  # the engine reads each step's start (see the module doc)
+        if self.log_profiler and not callable(getattr(profiler, "top_sections", None)):
+            logger.warning(
+                "StatsMonitor(log_profiler=True): the loop's profiler (%s) keeps no running section times, so "
+                "the most costly sections cannot be logged. Use profiler='simple' (a SimpleProfiler).",
+                type(profiler).__name__,
+            )
         self._run = _Totals()
         self._interval = _Totals()
         self._pending = _Totals()
@@ -245,6 +269,9 @@ class StatsMonitor(CallbackMixin):
             "lr": _lr(optimizer), "eta_seconds": self._eta(loop),
             "peak_memory_mib": peak_memory_mib(getattr(loop, "torch_device", None)),
         }
+        top_sections = getattr(getattr(loop, "profiler", None), "top_sections", None) if self.log_profiler else None
+        if callable(top_sections):
+            figures["profiler_top"] = top_sections(3)
         self._store(storage, figures)
         if idist.get_rank() == 0:
             speed = figures["samples_per_sec"]
@@ -255,6 +282,9 @@ class StatsMonitor(CallbackMixin):
                 figures["step_time"], figures["data_time"], figures["compute_time"], figures["lr"],
                 _eta_text(figures["eta_seconds"]), _fmt_mib(figures["peak_memory_mib"]),
             )
+            if "profiler_top" in figures:
+                logger.info("Epoch[%d] Step[%d] most time so far: %s", epoch_id, step_id,
+                            "; ".join(f"{name} ({seconds:.3f}s)" for name, seconds in figures["profiler_top"]))
 
     def on_epoch_end(
         self, loop: Any, epoch_id: int, global_step_id: int, storage: dict[str, Any], optimizer: Any = None,
@@ -281,7 +311,7 @@ class StatsMonitor(CallbackMixin):
             )
 
     def __repr__(self) -> str:
-        return f"StatsMonitor(log_freq={self.log_freq}, batch_size={self.batch_size})"
+        return f"StatsMonitor(log_freq={self.log_freq}, batch_size={self.batch_size}, log_profiler={self.log_profiler})"
 
 
 def _fmt_s(seconds: float | None) -> str:

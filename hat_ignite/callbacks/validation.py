@@ -7,10 +7,10 @@ and, with ``val_on_train_end``, once more at ``on_loop_end`` unless the run's la
 validated.
 
 On what: the training loop's ``ema_model`` when it is not ``None`` (an EMA callback sets
-``loop.ema_model``), else the train model. With a separate ``val_model``, that model is used
-instead, loaded first from the chosen model's ``state_dict`` when ``init_with_train_model``.
-With a ``model_convert_pipeline``, a deep copy is converted each time, so neither the train model
-nor ``val_model`` is changed. Every module's train/eval mode is restored afterwards (so
+``loop.ema_model``) and ``use_ema_model`` is true, else the train model. With a separate
+``val_model``, that model is used instead, loaded first from the chosen model's ``state_dict``
+when ``init_with_train_model``. With a ``model_convert_pipeline``, a deep copy is converted each
+time, so neither the train model nor ``val_model`` is changed. Every module's train/eval mode is restored afterwards (so
 BatchNorm layers a callback froze in eval mode stay frozen).
 
 Results: the validation's :class:`~hat_ignite.engine.Predictor` runs ``callbacks`` with the
@@ -32,6 +32,7 @@ import torch
 from ignite.engine import Events
 
 from hat_ignite.callbacks.base import CallbackMixin
+from hat_ignite.callbacks.checkpoint_payload import unwrap_model
 from hat_ignite.engine.loop import build_if_config
 from hat_ignite.engine.predictor import Predictor
 
@@ -43,12 +44,6 @@ logger = logging.getLogger(__name__)
 STORAGE_KEY = "validation"
 
 _INTERVAL_BY = ("epoch", "step")
-
-
-def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
-    """The module inside a ``DataParallel``/``DistributedDataParallel`` wrapper (else ``model``)."""
-    wrappers = (torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel)
-    return model.module if isinstance(model, wrappers) else model
 
 
 def _modes(*models: torch.nn.Module | None) -> dict[torch.nn.Module, bool]:
@@ -81,6 +76,8 @@ class Validation(CallbackMixin):
         profiler: a profiler passed to the validation predictor.
         share_callbacks: whether every loader shares ``callbacks``.
         log_interval: the predictor logs its progress every ``log_interval`` steps (``0``: never).
+        use_ema_model: validate the loop's ``ema_model`` when it has one (default); ``False``
+            validates the train model even then.
 
     Example:
         >>> import torch
@@ -129,6 +126,7 @@ class Validation(CallbackMixin):
         profiler: Any = None,
         share_callbacks: bool = True,
         log_interval: int = 10,
+        use_ema_model: bool = True,
     ) -> None:
         name = type(self).__name__
         if isinstance(val_interval, bool) or not isinstance(val_interval, int) or val_interval < 1:
@@ -167,12 +165,13 @@ class Validation(CallbackMixin):
         self.profiler = profiler
         self.share_callbacks = share_callbacks
         self.log_interval = log_interval
+        self.use_ema_model = bool(use_ema_model)
         self._validated_at: int | None = None  # steps done at the latest validation of this run
 
     # -- which model -----------------------------------------------------------------------
     def select_source(self, model: torch.nn.Module, ema_model: torch.nn.Module | None) -> torch.nn.Module:
-        """The model whose weights are validated: ``ema_model`` when set, else the train model."""
-        return ema_model if ema_model is not None else model
+        """The model whose weights are validated: ``ema_model`` if set and used, else the train model."""
+        return ema_model if ema_model is not None and self.use_ema_model else model
 
     def _val_model(self, source: torch.nn.Module) -> torch.nn.Module:
         source = unwrap_model(source)

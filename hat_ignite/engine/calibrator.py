@@ -48,6 +48,12 @@ class Calibrator(LoopBase):
         log_interval: log progress every ``log_interval`` steps (``0``: never).
         cycle_data_loader: allow ``num_steps`` beyond one pass; the loader is then iterated
             again from its start as often as needed.
+        auto_calibration: HAT's observer search (horizon_plugin_pytorch); only ``False`` is
+            supported (``True`` raises ``NotImplementedError``). ``auto_calibration_config`` is
+            then unused.
+        weight_reconstruction: HAT's weight reconstruction after calibration
+            (horizon_plugin_pytorch); only ``False`` is supported, as above.
+        compiler: compile the model (see :class:`~hat_ignite.engine.loop.LoopBase`).
 
     Raises:
         ValueError: ``num_steps`` exceeds the loader's length without ``cycle_data_loader``, or
@@ -79,7 +85,19 @@ class Calibrator(LoopBase):
         profiler: Any = None,
         log_interval: int = 0,
         cycle_data_loader: bool = False,
+        auto_calibration: bool = False,
+        auto_calibration_config: dict | None = None,
+        weight_reconstruction: bool = False,
+        weight_reconstruction_config: dict | None = None,
+        compiler: Any = None,
     ) -> None:
+        for name, value in (("auto_calibration", auto_calibration), ("weight_reconstruction", weight_reconstruction)):
+            if value:
+                raise NotImplementedError(
+                    f"Calibrator({name}=True) runs horizon_plugin_pytorch's {name.replace('_', ' ')} search, "
+                    f"which the torchao PT2E quantization used here does not have. Set {name}=False (and "
+                    f"drop {name}_config) to calibrate with the observers of the prepared model."
+                )
         processor = build_if_config(batch_processor, "batch_processor")
         if getattr(processor, "need_grad_update", False):
             raise ValueError(
@@ -118,6 +136,7 @@ class Calibrator(LoopBase):
             val_metrics=val_metrics,
             profiler=profiler,
             log_interval=log_interval,
+            compiler=compiler,
         )
         self.step_processor = _ObservingStep(processor)
         from hat_ignite.quantization.prepared import prepared_modules

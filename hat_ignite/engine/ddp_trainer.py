@@ -91,7 +91,10 @@ class DistributedDataParallelTrainer(Trainer):
             broadcasts them. The DDP of torch >= 1.11 always does (the behaviour ``True`` asked
             for), so both values train identically.
         **kwargs: other :class:`~hat_ignite.engine.loop.LoopBase` arguments
-            (``model_convert_pipeline``, ``resume_optimizer``, ``log_interval`` ...).
+            (``model_convert_pipeline``, ``resume_optimizer``, ``resume_dataloader``,
+            ``log_interval``, ``compiler`` ...). ``compiler`` compiles the model's forward before
+            the ``DistributedDataParallel`` wrapping (HAT compiles the wrapper; the gradients and
+            their all-reduce are the same).
 
     Raises:
         RuntimeError: no ``torch.distributed`` process group is initialised.
@@ -217,7 +220,10 @@ class DataParallelTrainer(Trainer):
         train_metrics: see :class:`~hat_ignite.engine.loop.LoopBase`.
         val_metrics: see :class:`~hat_ignite.engine.loop.LoopBase`.
         profiler: see :class:`~hat_ignite.engine.loop.LoopBase`.
-        **kwargs: other :class:`~hat_ignite.engine.loop.LoopBase` arguments.
+        **kwargs: other :class:`~hat_ignite.engine.loop.LoopBase` arguments. ``compiler`` is
+            refused with several GPUs: ``DataParallel`` copies the module at each forward, and
+            the copies would not run the compiled forward; use
+            :class:`DistributedDataParallelTrainer` to compile a multi-GPU run.
     """
 
     def __init__(
@@ -250,6 +256,13 @@ class DataParallelTrainer(Trainer):
             raise TypeError(
                 f"DataParallelTrainer: device must be a list of GPU ids (e.g. [0, 1]), one id, or None "
                 f"for the CPU, got {device!r}."
+            )
+        if len(ids) > 1 and kwargs.get("compiler") not in (None, False):
+            raise ValueError(
+                f"DataParallelTrainer(device={ids}, compiler=...): a compiled model cannot be split over "
+                f"several GPUs with DataParallel (it copies the module at every forward). Use "
+                f"DistributedDataParallelTrainer (hat-train --device-ids ...) to compile a multi-GPU run, "
+                f"or drop compiler."
             )
         super().__init__(
             model=model, data_loader=data_loader, optimizer=optimizer, batch_processor=batch_processor,

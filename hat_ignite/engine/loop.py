@@ -120,6 +120,11 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
             Converters of ``model_convert_pipeline`` with a ``resume(loop)`` method (such as
             ``LoadCheckpoint``) do the restoring when ``fit()`` starts; see
             :mod:`hat_ignite.engine.resumable`.
+        resume_dataloader: what a resume inside an epoch does with the epoch's data. ``None``
+            (default) or ``True``: continue exactly where the checkpoint was written (the done
+            batches are skipped, the generators restored). ``False``: as HAT without
+            ``resume_dataloader``, the data loader starts a fresh pass for the rest of that epoch
+            (the step count and the epoch boundaries stay where they were).
         stop_by: ``"epoch"`` (stop after ``num_epochs`` epochs) or ``"step"`` (stop after
             ``num_steps`` steps, crossing epoch boundaries as needed).
         num_epochs: epochs to run when ``stop_by="epoch"``; ``0`` runs only the loop begin/end
@@ -138,6 +143,16 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
             profiler config or instance (e.g. a :class:`~hat_ignite.profiler.TorchProfiler`); it is
             attached to the loop and passed to every hook.
         log_interval: log epoch/step and the loss every ``log_interval`` steps (``0``: never).
+        compiler: compile the model (after ``model_convert_pipeline`` and the move to ``device``):
+            a :class:`~hat_ignite.engine.compile.Torch2Compile` or its config
+            (``dict(type="Torch2Compile", backend="inductor", mode=...)``), a dict of
+            ``torch.compile`` settings, ``True`` for the defaults, or any callable
+            ``model -> model``. ``None`` (default): eager.
+
+    ``batch_processor`` and ``data_loader`` may be ``None`` in an *export stage*: a loop with no
+    step to run (``num_epochs=0`` / ``num_steps=0``) that only converts the model and fires the
+    loop begin/end hooks (``SaveTraced``, ``Checkpoint`` ...). With steps to run, ``None`` is an
+    error.
     """
 
     def __init__(
@@ -150,6 +165,7 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
         model_convert_pipeline: Callable | Sequence[Callable] | dict | None = None,
         resume_optimizer: bool = False,
         resume_epoch_or_step: bool = False,
+        resume_dataloader: bool | None = None,
         stop_by: str | None = "epoch",
         num_epochs: int | None = None,
         start_epoch: int | None = 0,
@@ -160,9 +176,10 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
         val_metrics: Any = None,
         profiler: Any = None,
         log_interval: int = 0,
+        compiler: Any = None,
     ) -> None:
         batch_processor = build_if_config(batch_processor, "batch_processor")
-        if not callable(batch_processor):
+        if batch_processor is not None and not callable(batch_processor):
             raise TypeError(
                 f"batch_processor must be callable as processor(engine, batch), got "
                 f"{type(batch_processor).__name__}. Use a BasicBatchProcessor or MultiBatchProcessor."
@@ -187,6 +204,8 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
                 raise ValueError(f"{name} must be a non-negative integer, got {value!r}.")
         if not isinstance(log_interval, int) or log_interval < 0:
             raise ValueError(f"log_interval must be a non-negative integer, got {log_interval!r}.")
+        if resume_dataloader is not None and not isinstance(resume_dataloader, bool):
+            raise TypeError(f"resume_dataloader must be None, True or False, got {resume_dataloader!r}.")
 
         self.device = device
         self.torch_device = resolve_device(device)
@@ -197,6 +216,12 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
         for convert in ([] if pipeline is None else pipeline if isinstance(pipeline, (list, tuple)) else [pipeline]):
             model = convert(model)
         self.model = model.to(self.torch_device) if self.torch_device.type != "cpu" else model
+        if compiler is not None and compiler is not False:
+            from hat_ignite.engine.compile import apply_compiler, build_compiler  # only runs that compile
+
+            self.model = apply_compiler(build_compiler(compiler), self.model)
+        #: The ``compiler`` argument (applied to the model above).
+        self.compiler = compiler
         self.data_loader = build_if_config(data_loader, "data_loader")
         if optimizer is not None and isinstance(optimizer, dict):
             from hat_ignite.optimizers import build_optimizer
@@ -215,6 +240,9 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
         self.model_convert_pipeline = pipeline
         self.resume_optimizer = resume_optimizer
         self.resume_epoch_or_step = resume_epoch_or_step
+        #: Whether a mid-epoch resume continues the epoch's data where it stopped (``None``, the
+        #: default, and ``True``) or starts the loader afresh (``False``, HAT's default).
+        self.resume_dataloader = resume_dataloader
         self.stop_by = stop_by
         self.num_epochs = num_epochs
         self.start_epoch = start_epoch or 0
@@ -237,6 +265,8 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
         #: finiteness checks then all-reduce their flags.
         self.multi_process = False
         self._init_resumable()
+        if batch_processor is None or self.data_loader is None:
+            self._check_export_only(batch_processor)
 
         for event, bridge in (
             (Events.STARTED, on_started),
@@ -291,6 +321,20 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
 
     def set_model_mode(self) -> None:
         """Put the model in the mode the loop needs; called right before ``on_loop_begin``."""
+
+    def _check_export_only(self, batch_processor: Any) -> None:
+        """``batch_processor=None`` / ``data_loader=None`` only suit a loop with no step to run."""
+        if self._nothing_to_run():
+            return
+        names = [n for n, v in (("batch_processor", batch_processor), ("data_loader", self.data_loader)) if v is None]
+        missing, verb = " and ".join(names), "are" if len(names) > 1 else "is"
+        key = "num_epochs" if self.stop_by == "epoch" else "num_steps"
+        raise ValueError(
+            f"{type(self).__name__}: {missing} {verb} None, but {key}={getattr(self, key)} asks for steps "
+            f"to run. A loop without them can only be an export stage: set {key}=0 to run just the "
+            f"model_convert_pipeline and the loop begin/end hooks (SaveTraced, Checkpoint ...), or give "
+            f"the {missing}."
+        )
 
     # -- running ---------------------------------------------------------------------------
     def _nothing_to_run(self) -> bool:

@@ -44,6 +44,9 @@ class Predictor(LoopBase):
         profiler: a profiler passed to every hook.
         log_interval: log progress every ``log_interval`` steps (``0``: never).
         share_callbacks: whether all loaders share ``callbacks``.
+        compiler: compile the model (see :class:`~hat_ignite.engine.loop.LoopBase`).
+        **kwargs: other :class:`~hat_ignite.engine.loop.LoopBase` arguments, as HAT's
+            ``Predictor`` passes them on (``resume_epoch_or_step``, ``val_metrics`` ...).
 
     Example:
         >>> import torch
@@ -75,6 +78,8 @@ class Predictor(LoopBase):
         profiler: Any = None,
         log_interval: int = 0,
         share_callbacks: bool = True,
+        compiler: Any = None,
+        **kwargs: Any,
     ) -> None:
         data_loader = build_if_config(data_loader, "data_loader")
         self.data_loaders: list[Iterable] = list(data_loader) if _is_loader_list(data_loader) else [data_loader]
@@ -105,6 +110,8 @@ class Predictor(LoopBase):
             val_metrics=metrics,
             profiler=profiler,
             log_interval=log_interval,
+            compiler=compiler,
+            **kwargs,
         )
         self.metrics = metrics
         self._per_loader_callbacks = [

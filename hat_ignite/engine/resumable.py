@@ -21,6 +21,11 @@ So ``on_loop_begin`` hooks of the resumed run, which the straight run did not ha
 point, cannot shift the random streams. The engine never imports ``hat_ignite.callbacks``: it
 only calls these duck-typed methods.
 
+With ``resume_dataloader=False`` (HAT's flag) a checkpoint written inside an epoch is resumed
+without its data position: the rest of that epoch comes from the start of a fresh pass of the
+loader (the generators are set before the epoch's ``on_epoch_begin`` hooks), and the next epoch
+starts a pass of its own.
+
 Stopping. :meth:`~ResumableLoopMixin.request_stop` (safe to call from a signal handler: it only
 stores the reason) makes the loop stop at the next step boundary: each callback with a
 ``save_resume_point(loop)`` method (``Checkpoint``) writes a resumable checkpoint, the loop
@@ -183,6 +188,11 @@ class ResumableLoopMixin:
             return self._data
         if saved_length and done >= saved_length and pending.get("epoch_open"):
             self._replay_epoch_end, self._boundary_rng = True, rng
+        elif saved_length and 0 < done < saved_length and getattr(self, "resume_dataloader", None) is False:
+            self._data.restart_for(saved_length - done)
+            self._boundary_rng = rng
+            self.logger.info("resume_dataloader=False: epoch %d goes on at step %d of %d with a fresh pass of "
+                             "the data loader.", start_iteration // saved_length, done, saved_length)
         elif saved_length and 0 < done < saved_length:
             self._data.resume_at(done, pending.get("generators"), rng)
             self.logger.info("Resuming inside epoch %d at step %d of %d.", start_iteration // saved_length,

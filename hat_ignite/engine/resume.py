@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
 import logging
 import random
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -245,6 +246,7 @@ class ResumableData:
         #: Generator states at the start of the running epoch (``None`` before the first).
         self.epoch_generators: dict[str, Any] | None = None
         self._pending: tuple[int, Mapping[str, Any] | None, Mapping[str, Any] | None] | None = None
+        self._limit: int | None = None
         self._sampler: _PositionedBatchSampler | None = None
         self._seeded: DataLoader | None = None
         if _positionable(loader):
@@ -273,6 +275,16 @@ class ResumableData:
         """
         self._pending = (int(steps_done), generators, rng)
 
+    def restart_for(self, batches: int) -> None:
+        """Make the next ``iter()`` a fresh pass of the loader that stops after ``batches`` batches.
+
+        For a resume that does not continue the epoch's data (``resume_dataloader=False``): the
+        rest of the resumed epoch is taken from the start of a new pass, and the epoch after it
+        starts a pass of its own.
+        """
+        self._pending = None
+        self._limit = int(batches)
+
     def _capture(self) -> dict[str, Any]:
         state: dict[str, Any] = {"torch": torch.get_rng_state()}
         for name, gen in _generators(self.loader).items():
@@ -294,6 +306,10 @@ class ResumableData:
 
     def __iter__(self) -> Iterator[Any]:
         pending, self._pending = self._pending, None
+        limit, self._limit = self._limit, None
+        if limit is not None:
+            self.epoch_generators = self._capture()
+            return itertools.islice(self._start(0, None), limit)
         skip, rng = 0, None
         if pending is not None:
             skip, saved, rng = pending

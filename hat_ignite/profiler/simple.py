@@ -119,6 +119,18 @@ class SimpleProfiler(ProfilerBase):
                 with open(self.output_file, "w", encoding="utf-8") as f:
                     f.write(text + "\n")
 
+    def top_sections(self, n: int = 3) -> list[tuple[str, float]]:
+        """The ``n`` sections that took the most time so far in the running (or last) run.
+
+        Live: counts every section closed up to now, so it can be read during a run (HAT's
+        ``StatsMonitor(log_profiler=True)`` logs it at each step log).
+
+        Returns:
+            ``(name, total seconds)`` pairs, most first.
+        """
+        totals = self._totals
+        return sorted(totals.items(), key=lambda item: item[1], reverse=True)[:n]
+
     def timed_total_s(self) -> float:
         """The sum of every row's total: the run's time that some section accounts for."""
         return sum(r["total_s"] for r in self.results)
