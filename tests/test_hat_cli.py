@@ -129,8 +129,17 @@ float_predictor = dict(
     model=model,
     model_convert_pipeline=dict(
         type="ModelConvertPipeline",
+        qat_mode="fuse_bn",
+        qconfig_params=dict(activation_calibration_qkwargs=dict(averaging_constant=0.01)),
         converters=[
-            dict(type="LoadCheckpoint", checkpoint_path=os.path.join(ckpt_dir, "float-checkpoint-last.pth.tar")),
+            dict(
+                type="LoadCheckpoint",
+                checkpoint_path=os.path.join(ckpt_dir, "float-checkpoint-last.pth.tar"),
+                allow_miss=False,
+                ignore_extra=False,
+                ignore_tensor_shape=False,
+                verbose=True,
+            ),
         ],
     ),
     data_loader=[val_data_loader],
