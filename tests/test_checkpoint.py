@@ -125,7 +125,7 @@ def test_checkpoint_holds_what_a_resume_needs(tmp_path):
     assert set(saved["ema_state_dict"]) == set(trainer.model.state_dict())
     assert saved["optimizer"]["state"]  # momentum buffers
     assert saved["callbacks"]["CosLrUpdater"] == {"base_lrs": [0.05]}
-    assert saved["callbacks"]["Checkpoint"] == {"best": None, "mode": None}
+    assert saved["callbacks"]["Checkpoint"] == {"best": None, "mode": None, "best_iteration": None}
     assert saved["progress"] == {"epoch": 1, "iteration": 3, "epoch_length": 3, "stop_by": "epoch",
                                  "num_epochs": 1, "num_steps": None, "world_size": 1}
     assert saved["rng"]["torch"].dtype == torch.uint8 and saved["rng"]["numpy"]["keys"].numel() == 624

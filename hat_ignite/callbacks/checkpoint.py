@@ -13,7 +13,9 @@ content hash, present when ``save_hash``)::
 written (a copy where the file system has no hard links), swapped in with one atomic rename.
 A save point writes the periodic file (temp file, fsync, rename, directory fsync), then
 ``last``, then ``best``, and only then deletes superseded files, so a crash at any moment leaves
-the previous checkpoints loadable. What a checkpoint holds is listed in
+the previous checkpoints loadable. The periodic file records the best value and the step it was
+reached at; a run that resumes from it first brings ``last`` and ``best`` up to that record
+(:mod:`.checkpoint_reconcile`), so a kill between the writes never leaves them stale. What a checkpoint holds is listed in
 :mod:`.checkpoint_payload`; how it is verified on load in :mod:`.checkpoint_io`.
 """
 
@@ -47,6 +49,7 @@ from hat_ignite.callbacks.checkpoint_files import (
     weights_finite,
 )
 from hat_ignite.callbacks.checkpoint_payload import training_state, unwrap_model
+from hat_ignite.callbacks.checkpoint_reconcile import reconcile
 from hat_ignite.errors import CheckpointError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -160,6 +163,8 @@ class Checkpoint(CallbackMixin):
         self.only_save_ddp = bool(only_save_ddp)
         self.keep_n = keep_n
         self.best: float | None = None
+        self._best_iteration: int | None = None  # steps done at the save point that reached ``best``
+        self._restored = False  # load_state_dict ran since the last loop begin (a resume)
         self._saved_iteration: int | None = None
         self._warned_missing = False
         # Rotation never deletes these: the file the run resumed from, the newest finite one.
@@ -197,7 +202,14 @@ class Checkpoint(CallbackMixin):
         self._saved_iteration = None
         self._warned_missing = False
         self._last_finite = None
-        self._resumed_hashes, self._resumed_numbers = resume_marks(getattr(loop, "checkpoint", None))
+        resumed = getattr(loop, "checkpoint", None)
+        self._resumed_hashes, self._resumed_numbers = resume_marks(resumed)
+        restored, self._restored = self._restored, False
+        progress = resumed.get("progress") if restored and isinstance(resumed, Mapping) else None
+        if not (isinstance(progress, Mapping) and progress.get("iteration") == loop.state.iteration):
+            resumed = None  # not a resume of this run's progress: nothing to bring up to date
+        else:
+            self._saved_iteration = loop.state.iteration  # that state is saved: the loop end need not save it
         sampler = self.task_sampler
         if sampler is not None and idist.get_world_size() > 1 and getattr(sampler, "is_parallel", lambda: False)():
             raise ValueError(
@@ -216,6 +228,9 @@ class Checkpoint(CallbackMixin):
         if stale:
             logger.warning("Removed %d temporary file(s) of an interrupted checkpoint write in %s: %s",
                            len(stale), os.path.abspath(self.save_dir), ", ".join(stale))
+        if resumed is not None:
+            reconcile(self.save_dir, self.name_prefix, self.last_path, self.best_path if self.mode else None,
+                      resumed, self._best_iteration, self._write_best)
 
     def on_step_end(self, loop: LoopBase, epoch_id: int, global_step_id: int, storage: Any,
                     val_metrics: Any, **kwargs: Any) -> None:
@@ -261,6 +276,8 @@ class Checkpoint(CallbackMixin):
             The periodic file's absolute path (``None`` on ranks other than 0).
         """
         is_best = self._update_best(storage, val_metrics)
+        if is_best:
+            self._best_iteration = int(loop.state.iteration)
         if not self._is_writer():
             return None
         os.makedirs(self.save_dir, exist_ok=True)
@@ -292,10 +309,15 @@ class Checkpoint(CallbackMixin):
                                        if any(k.startswith(f"{n}.") for n in wrapped)}
         return state
 
-    def _write_best(self, payload: Mapping[str, Any], path: str) -> None:
+    def _write_best(self, payload: Mapping[str, Any], path: str | None) -> None:
+        """Write ``best`` from ``payload``: a link to ``path``, the file holding it (``None``: a
+        copy is written), or, with an EMA model, a file of its own with the EMA weights."""
         ema = payload.get("ema_state_dict")
         if ema is None:
-            atomic_link(path, self.best_path)
+            if path is None:
+                atomic_save(dict(payload), self.best_path)
+            else:
+                atomic_link(path, self.best_path)
             return
         if self.strict_match and list(ema) != list(payload["state_dict"]):
             diff = sorted(set(ema) ^ set(payload["state_dict"]))
@@ -394,8 +416,9 @@ class Checkpoint(CallbackMixin):
 
     # -- state ---------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """The best monitored value so far (saved in each checkpoint, restored on resume)."""
-        return {"best": self.best, "mode": self.mode}
+        """The best monitored value so far and the steps done when it was reached (saved in each
+        checkpoint, restored on resume, where ``best`` is brought up to it)."""
+        return {"best": self.best, "mode": self.mode, "best_iteration": self._best_iteration}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Restore the best value; a checkpoint of another ``mode`` is refused."""
@@ -406,6 +429,9 @@ class Checkpoint(CallbackMixin):
             )
         best = state_dict.get("best")
         self.best = None if best is None else float(best)
+        best_iteration = state_dict.get("best_iteration")
+        self._best_iteration = None if best_iteration is None else int(best_iteration)
+        self._restored = True
 
     @staticmethod
     def _is_writer() -> bool:

@@ -17,6 +17,10 @@ across the run; both 0-based)::
                                                values the run ends with; with "log" resets, the
                                                last logged values if nothing came after them)
 
+Resuming: the metrics' accumulated state is saved in each training checkpoint
+(:meth:`MetricUpdater.state_dict`); a resumed run puts it back at loop begin, and the epoch it
+resumes inside is not reset at its begin, so its final values equal a straight run's.
+
 Storage layout: ``storage[storage_key]`` is a dict ``{metric name: value}`` (values are Python
 floats, or lists of floats for metrics with a vector value) holding the latest stored values.
 It is always written at the end of the run, so inside a validation run (one epoch) it ends up
@@ -57,6 +61,14 @@ def format_name_values(pairs: Sequence[tuple[str, Any]]) -> str:
     'accuracy=0.75 loss=0.123457'
     """
     return " ".join(f"{name}={_format_value(value)}" for name, value in pairs)
+
+
+def _begins_part_way(loop: Any) -> bool:
+    """Whether the epoch beginning now starts part-way (a run resumed inside it): what the metrics
+    accumulated in its first steps, restored from the checkpoint, is kept."""
+    state = getattr(loop, "state", None)
+    first = getattr(state, "epoch_first_step", None)
+    return first is not None and getattr(state, "iteration", first) > first
 
 
 def _check_int(name: str, value: Any) -> int:
@@ -166,6 +178,7 @@ class MetricUpdater(CallbackMixin):
         self._dirty = False  # updated since the last reset
         self._last_pairs: list[tuple[str, Any]] | None = None  # latest values computed this run
         self._checked_metrics: Any = None  # the metrics object _metrics() last found non-empty
+        self._restored: dict[str, Any] | None = None  # a checkpoint's state, applied at loop begin
 
     # -- helpers ---------------------------------------------------------------------------
     def _metrics(self, train_metrics: Any) -> Any:
@@ -212,10 +225,13 @@ class MetricUpdater(CallbackMixin):
     # -- hooks -----------------------------------------------------------------------------
     def on_loop_begin(self, train_metrics: Any = None, **kwargs: Any) -> None:
         self._last_pairs = None
+        restored, self._restored = self._restored, None
         self._reset(train_metrics)
+        if restored is not None:
+            self._apply_state(restored, self._metrics(train_metrics))
 
-    def on_epoch_begin(self, train_metrics: Any = None, **kwargs: Any) -> None:
-        if self.reset_metrics_by == "epoch":
+    def on_epoch_begin(self, train_metrics: Any = None, loop: Any = None, **kwargs: Any) -> None:
+        if self.reset_metrics_by == "epoch" and not _begins_part_way(loop):
             self._reset(train_metrics)
 
     def on_step_begin(self, train_metrics: Any = None, **kwargs: Any) -> None:
@@ -263,6 +279,40 @@ class MetricUpdater(CallbackMixin):
             self._store(storage, self._values(self._metrics(train_metrics)))
         elif self._last_pairs is not None:  # reset right after the last log: store what it showed
             self._store(storage, self._last_pairs)
+
+    # -- checkpoint state ------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """What the metrics accumulated so far, so a resumed run reports what a straight run does.
+
+        ``{"metrics": [each metric's state_dict()], "dirty", "last_pairs"}``; ``metrics`` is
+        ``None`` before the first update, or when a metric has no ``state_dict()``.
+        """
+        metrics = list(iter_metrics(self._checked_metrics))
+        states = [m.state_dict() for m in metrics] if metrics and all(
+            callable(getattr(m, "state_dict", None)) for m in metrics) else None
+        last = [(name, value) for name, value in self._last_pairs] if self._last_pairs is not None else None
+        return {"metrics": states, "dirty": self._dirty, "last_pairs": last}
+
+    def load_state_dict(self, state: Any) -> None:
+        """Keep a :meth:`state_dict` to put back into the metrics when the resumed loop begins."""
+        if not isinstance(state, dict) or "metrics" not in state:
+            raise ValueError(f"MetricUpdater: {type(state).__name__} is not a MetricUpdater state.")
+        self._restored = state
+
+    def _apply_state(self, state: dict[str, Any], metrics: Any) -> None:
+        saved, found = state.get("metrics"), list(iter_metrics(metrics))
+        if saved is None:
+            return
+        if len(saved) != len(found):
+            raise ValueError(
+                f"MetricUpdater: the checkpoint holds the state of {len(saved)} metric(s), this run has "
+                f"{len(found)}. Resume with the metrics of the run that wrote it."
+            )
+        for metric, metric_state in zip(found, saved):
+            metric.load_state_dict(metric_state)
+        self._dirty = bool(state.get("dirty"))
+        last = state.get("last_pairs")
+        self._last_pairs = [tuple(pair) for pair in last] if last is not None else None
 
     def __repr__(self) -> str:
         return (

@@ -53,12 +53,13 @@ import ignite.distributed as idist
 import torch
 
 from hat_ignite.callbacks.base import CallbackMixin
+from hat_ignite.callbacks.tensorboard_history import resume_step_of, write_purge_marker
 from hat_ignite.callbacks.tensorboard_scalars import StepScalars
 from hat_ignite.engine.processors.loss_collectors import flatten_outputs
 from hat_ignite.metrics.base import metric_name_values
 from hat_ignite.visualize.event_file import EVENT_FILE_GLOB
 
-__all__ = ["TensorBoard", "EVENT_FILE_GLOB", "loss_scalars"]
+__all__ = ["TensorBoard", "EVENT_FILE_GLOB", "loss_scalars", "resume_step_of", "write_purge_marker"]
 
 logger = logging.getLogger(__name__)
 
@@ -126,9 +127,11 @@ class TensorBoard(CallbackMixin):
 
     Args:
         save_dir: directory of the event files (created when the run begins).
-        overwrite: remove the event files already in ``save_dir`` when the run begins (other
-            files there are left alone); otherwise a new event file is added beside them and
-            TensorBoard shows them as one run.
+        overwrite: remove the event files already in ``save_dir`` when a fresh run begins
+            (other files there are left alone); otherwise a new event file is added beside them
+            and TensorBoard shows them as one run. A resumed run (one that begins past step 0)
+            never removes them: it keeps the history up to its checkpoint and drops the points the
+            interrupted run wrote after it (TensorBoard's ``purge_step``).
         loss_name_reg: regex selecting the losses in ``model_outs`` by flattened key.
         update_freq: write every ``update_freq`` steps or epochs.
         update_by: ``"step"`` or ``"epoch"``, the unit of ``update_freq``.
@@ -210,12 +213,29 @@ class TensorBoard(CallbackMixin):
         self._scalars: StepScalars | None = None  # the running loop's scalars, written once per step
 
     # -- writing ---------------------------------------------------------------------------
-    def _open(self) -> None:
+    def _open(self, resume_step: int | None = None) -> None:
+        """Open the run's writer; a resumed run (``resume_step``) keeps the history before it.
+
+        A fresh run with ``overwrite`` removes the old event files. A resumed run never does: it
+        first writes a purge marker right after ``resume_step`` (the steps the checkpoint holds;
+        see :func:`write_purge_marker`), so the points the interrupted run wrote after its
+        checkpoint are dropped by TensorBoard and ``hat-curves`` and replaced by the points the
+        resumed run writes (a point at ``resume_step`` itself is replaced when the resumed run
+        writes that step).
+        """
         from tensorboardX import SummaryWriter  # imported only when a run starts
 
         os.makedirs(self.save_dir, exist_ok=True)
-        if self.overwrite:
-            for old in glob.glob(os.path.join(glob.escape(self.save_dir), EVENT_FILE_GLOB)):
+        old_files = glob.glob(os.path.join(glob.escape(self.save_dir), EVENT_FILE_GLOB))
+        if resume_step is not None:
+            if old_files:
+                # the epoch-end records of the checkpoint's last epoch carry step resume_step (the
+                # steps done); later points are the killed run's, after the checkpoint
+                write_purge_marker(self.save_dir, resume_step + 1)
+                logger.info("TensorBoard: resuming at global step %d; the history in %s before it is kept.",
+                            resume_step, self.save_dir)
+        elif self.overwrite:
+            for old in old_files:
                 os.remove(old)
         kwargs = dict(self.tb_writer_kwargs)
         # tensorboardX names a file by the second and the host only: two runs started in the same
@@ -293,11 +313,11 @@ class TensorBoard(CallbackMixin):
         hooks = super().overridden_hooks()
         return hooks if self.update_by == "epoch" else [h for h in hooks if h != "on_epoch_begin"]
 
-    def on_loop_begin(self, storage: dict[str, Any], **kwargs: Any) -> None:
+    def on_loop_begin(self, storage: dict[str, Any], loop: Any = None, **kwargs: Any) -> None:
         self._close()
         self._seen = {key: storage.get(key) for key in (_VALIDATION_KEY, _STATS_KEY)}
         if idist.get_rank() == 0:
-            self._open()
+            self._open(resume_step_of(loop))
 
     def on_epoch_begin(self, **kwargs: Any) -> None:
         self._epoch_sums, self._epoch_counts, self._last_outs = {}, {}, None

@@ -4,7 +4,9 @@ Resuming: ``auto`` takes the newest checkpoint of the trainer's ``Checkpoint`` c
 loads and verifies (a corrupt newer file is skipped with a warning naming it); a path takes that
 file. The trainer restores it when ``fit()`` starts and logs what was and was not restored.
 ``--resume`` turns ``resume_optimizer`` and ``resume_epoch_or_step`` on unless the stage's config
-sets them.
+sets them. A run that is already finished (its checkpoint is at the end of the schedule the config
+asks for, and ``metrics.json`` records that end) is left alone: ``hat-train`` says so, changes no
+file and exits 0 (see :func:`finished_run`).
 
 Signals: the handler only asks the trainer to stop (``request_stop``). The trainer finishes the
 running step, the ``Checkpoint`` callback writes a resumable checkpoint (a step file, and
@@ -14,6 +16,7 @@ running step, the ``Checkpoint`` callback writes a resumable checkpoint (a step 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shlex
@@ -24,7 +27,10 @@ import weakref
 from collections.abc import Mapping
 from typing import Any, Callable, Sequence
 
-__all__ = ["add_resume_argument", "apply_resume", "install_stop_signals", "resume_command", "stop_report"]
+__all__ = [
+    "add_resume_argument", "apply_resume", "find_resume", "finished_run", "install_stop_signals", "resume_command",
+    "stop_report",
+]
 
 logger = logging.getLogger("hat_ignite.cli.train")
 
@@ -63,17 +69,11 @@ class _Resume:
         return restore_training_state(loop, self.checkpoint, self.path)
 
 
-def apply_resume(trainer: Any, resume: str, stage_cfg: Mapping[str, Any], work_path: str) -> str | None:
-    """Find the checkpoint ``--resume`` names and schedule its restoring into ``trainer``.
-
-    Args:
-        trainer: the built trainer.
-        resume: ``"auto"`` or a checkpoint path.
-        stage_cfg: the stage's config node (its explicit ``resume_*`` keys are kept).
-        work_path: the run's work dir (searched when the trainer has no Checkpoint callback).
+def find_resume(trainer: Any, resume: str, work_path: str) -> tuple[str, Mapping[str, Any]] | None:
+    """The checkpoint ``--resume`` names, loaded and verified: ``(path, checkpoint)``.
 
     Returns:
-        The checkpoint path, or ``None`` when ``auto`` found no checkpoint (a fresh start).
+        ``None`` when ``auto`` found no checkpoint (a fresh start).
 
     Raises:
         CheckpointError: the named file, or every candidate of ``auto``, is unreadable or corrupt.
@@ -81,20 +81,82 @@ def apply_resume(trainer: Any, resume: str, stage_cfg: Mapping[str, Any], work_p
     from hat_ignite.callbacks.checkpoint_files import latest_valid_checkpoint
     from hat_ignite.callbacks.checkpoint_io import load_checkpoint
 
-    if resume == "auto":
-        found = None
-        for save_dir, prefix in _checkpoint_dirs(trainer, work_path):
-            found = latest_valid_checkpoint(save_dir, prefix)
-            if found is not None:
-                break
-        if found is None:
-            where = ", ".join(d for d, _ in _checkpoint_dirs(trainer, work_path))
-            logger.info("--resume auto: no checkpoint in %s; starting from the beginning.", where)
-            return None
-        path, checkpoint = found
-    else:
+    if resume != "auto":
         path = os.path.abspath(resume)
-        checkpoint = load_checkpoint(path)
+        return path, load_checkpoint(path)
+    for save_dir, prefix in _checkpoint_dirs(trainer, work_path):
+        found = latest_valid_checkpoint(save_dir, prefix)
+        if found is not None:
+            return found
+    return None
+
+
+def finished_run(trainer: Any, checkpoint: Mapping[str, Any], stage_cfg: Mapping[str, Any], work_path: str,
+                 stage: str) -> str | None:
+    """Why resuming from ``checkpoint`` has nothing left to do, or ``None`` when it has.
+
+    A run is finished when the checkpoint continues its progress (``resume_epoch_or_step`` is not
+    turned off in the config), was taken after the last step of the schedule the trainer has now
+    (``num_epochs`` epochs of the data loader, or ``num_steps`` steps) with every epoch-end hook
+    run, and ``metrics.json`` in the work dir records that end for the stage (written after the
+    last step, not after a stop on a signal). A longer schedule given on the command line
+    (``--opts float_trainer.num_epochs=30``) is not finished and resumes as usual.
+    """
+    if stage_cfg.get("resume_epoch_or_step", True) is False:
+        return None
+    progress, data = checkpoint.get("progress"), checkpoint.get("data")
+    if not isinstance(progress, Mapping) or progress.get("iteration") is None:
+        return None
+    iteration = int(progress["iteration"])
+    if isinstance(data, Mapping) and data.get("epoch_open"):
+        return None  # the last epoch's end hooks have not run
+    if getattr(trainer, "stop_by", "epoch") == "epoch":
+        try:
+            length = len(trainer.data_loader)
+        except TypeError:
+            return None
+        total = int(trainer.num_epochs or 0) * length
+        schedule = f"{trainer.num_epochs} epochs of {length} steps"
+    else:
+        total = int(trainer.num_steps or 0)
+        schedule = f"{total} steps"
+    if iteration < total:
+        return None
+    path = os.path.join(work_path, "metrics.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            record = json.load(f).get(f"{stage}_train")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(record, Mapping) or record.get("steps") != iteration or record.get("stopped_by_signal"):
+        return None
+    return f"all {schedule} are done and {path} records its end"
+
+
+def apply_resume(trainer: Any, resume: str, stage_cfg: Mapping[str, Any], work_path: str,
+                 found: tuple[str, Mapping[str, Any]] | None = None) -> str | None:
+    """Find the checkpoint ``--resume`` names and schedule its restoring into ``trainer``.
+
+    Args:
+        trainer: the built trainer.
+        resume: ``"auto"`` or a checkpoint path.
+        stage_cfg: the stage's config node (its explicit ``resume_*`` keys are kept).
+        work_path: the run's work dir (searched when the trainer has no Checkpoint callback).
+        found: what :func:`find_resume` returned already (``None``: it is called here).
+
+    Returns:
+        The checkpoint path, or ``None`` when ``auto`` found no checkpoint (a fresh start).
+
+    Raises:
+        CheckpointError: the named file, or every candidate of ``auto``, is unreadable or corrupt.
+    """
+    if found is None:
+        found = find_resume(trainer, resume, work_path)
+    if found is None:
+        where = ", ".join(d for d, _ in _checkpoint_dirs(trainer, work_path))
+        logger.info("--resume auto: no checkpoint in %s; starting from the beginning.", where)
+        return None
+    path, checkpoint = found
     for flag in ("resume_optimizer", "resume_epoch_or_step"):
         if flag in stage_cfg:
             logger.info("--resume: keeping %s=%s from the config.", flag, stage_cfg[flag])

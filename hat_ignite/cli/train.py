@@ -49,7 +49,14 @@ from hat_ignite.cli.distributed import (
     follow_launcher_signals,
     is_main_process,
 )
-from hat_ignite.cli.resume import add_resume_argument, apply_resume, install_stop_signals, stop_report
+from hat_ignite.cli.resume import (
+    add_resume_argument,
+    apply_resume,
+    find_resume,
+    finished_run,
+    install_stop_signals,
+    stop_report,
+)
 from hat_ignite.cli.stages import check_stage_inputs, record_lineage
 
 __all__ = ["main"]
@@ -162,6 +169,12 @@ def _train(argv: Sequence[str]) -> int:
         print(f"work dir: {work_path} (a dry run creates nothing)")
         return 0
 
+    found = find_resume(trainer, args.resume, work_path) if args.resume else None
+    finished = finished_run(trainer, found[1], cfg[stage_key], work_path, args.stage) if found else None
+    if finished:  # before anything is written: resuming a finished run changes no file
+        logger.info("the run in %s is already finished (%s; checkpoint %s): nothing to do. To train longer, "
+                    "resume with a larger num_epochs/num_steps in --opts.", work_path, finished, found[0])
+        return 0
     work_dir.create()
     attach_log_file(work_dir.file(f"{args.stage}_train.log"))
     main_process = is_main_process()  # rank 0 writes files and shows progress; every rank trains
@@ -171,7 +184,7 @@ def _train(argv: Sequence[str]) -> int:
     if main_process:
         _attach_progress(trainer)
     if args.resume:
-        apply_resume(trainer, args.resume, cfg[stage_key], work_path)
+        apply_resume(trainer, args.resume, cfg[stage_key], work_path, found=found)
     received, restore_signals = install_stop_signals(trainer)
     follow_launcher_signals(trainer)
     start = time.perf_counter()

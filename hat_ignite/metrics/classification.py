@@ -21,6 +21,7 @@ sync at every step.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -223,6 +224,23 @@ class _MulticlassAccuracy(EvalMetric):
             self._scores.reset()
         self._hits.reset()
         self._signature = self._keep_as_is = None
+
+    def state_dict(self) -> dict[str, Any]:
+        """The counts so far (see :meth:`EvalMetric.state_dict`)."""
+        scores = self._scores.state_dict() if self._scores is not None else None
+        return {**super().state_dict(), "hits": self._hits.state_dict(), "scores": scores,
+                "scores_classes": self._scores_classes}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.reset()
+        super().load_state_dict({k: v for k, v in state.items() if k != "parts"})
+        self._hits.load_state_dict(state.get("hits") or {})
+        classes = state.get("scores_classes")
+        scores = state.get("scores")
+        if scores is not None:
+            target = self._scores if self._scores is not None else self._score_state(int(classes))
+            target.load_state_dict(scores)
+        self._scores_classes = classes
 
 
 class Accuracy(_MulticlassAccuracy):

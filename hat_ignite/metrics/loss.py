@@ -129,3 +129,24 @@ class LossShow(EvalMetric):
         super().reset()
         self._series.clear()
         self._keyed = None
+
+    def state_dict(self) -> dict[str, Any]:
+        """The running sum and count of each loss (see :meth:`EvalMetric.state_dict`).
+
+        >>> show = LossShow()
+        >>> show.update(torch.tensor(1.0)); show.update(torch.tensor(2.0))
+        >>> again = LossShow()
+        >>> again.load_state_dict(show.state_dict()); again.update(torch.tensor(6.0))
+        >>> again.get()
+        ('loss', 3.0)
+        """
+        series = {key: running.state_dict() for key, running in self._series.items()}
+        return {**super().state_dict(), "keyed": self._keyed, "series": series}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.reset()
+        super().load_state_dict(state)
+        self._keyed = state.get("keyed")
+        for key, saved in (state.get("series") or {}).items():
+            running = self._series[key] = RunningMean()
+            running.load_state_dict(saved)

@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 import struct
 from array import array
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -166,6 +166,17 @@ class RunningMean:
         self.total = None
         self.host_total = 0.0
         self.count = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """The running sum (a tensor, or the host sum) and the count."""
+        return {"total": self.total, "host_total": self.host_total, "count": self.count}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a :meth:`state_dict`."""
+        total = state.get("total")
+        self.total = total.clone() if isinstance(total, torch.Tensor) else None
+        self.host_total = float(state.get("host_total", 0.0))
+        self.count = int(state.get("count", 0))
 
 
 _FLOAT32 = struct.Struct("f")
@@ -445,6 +456,18 @@ class RunningCounts:
                 return _host_ratio(hits, counted)  # type: ignore[arg-type]
         result = self.compute(nan_if_none_counted)
         return None if result is None else float(result.item())
+
+    def state_dict(self) -> dict[str, Any]:
+        """The counts so far (what is pending is counted first)."""
+        self._fold()
+        return {"hits": self.hits, "counted": self.counted, "host_counted": self.host_counted, "updates": self.updates}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue counting from a :meth:`state_dict`."""
+        self.reset()
+        self.hits, self.counted = state.get("hits"), state.get("counted")
+        self.host_counted = int(state.get("host_counted", 0))
+        self.updates = int(state.get("updates", 0))
 
     def reset(self) -> None:
         """Forget everything counted so far."""

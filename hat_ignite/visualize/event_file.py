@@ -8,7 +8,10 @@ it. The ``Event`` messages are parsed with the protocol buffer classes tensorboa
 A directory is one run, as TensorBoard treats it: all its event files are read in name order
 (their names start with the creation time), and a later value for the same tag and step replaces
 an earlier one, so a resumed run that writes a new file into the same directory continues its
-curves. A file whose last record is cut short (the writer is still running, or was killed) is read
+curves. A purge marker (a ``SessionLog.START`` event at step ``N``: what tensorboardX writes for
+``purge_step=N``, and what a resumed run writes) drops the points at step ``N`` and later read
+before it, as TensorBoard does: the points a killed run wrote after its last checkpoint give way to
+those the resumed run writes. A file whose last record is cut short (the writer is still running, or was killed) is read
 up to that record; a record whose checksum does not match is an error naming the file and offset.
 
 >>> import tempfile
@@ -122,6 +125,18 @@ def _value_of(value: Any) -> float | None:
     return None
 
 
+def _is_purge(event: Any) -> bool:
+    """Whether ``event`` is a purge marker: a ``SessionLog.START`` (``purge_step``, a resumed run)."""
+    return event.HasField("session_log") and event.session_log.status == 1  # SessionLog.START
+
+
+def _purge(series: dict[str, dict[int, float]], step: int) -> None:
+    """Drop the points at ``step`` and later read so far, as TensorBoard does at a purge marker."""
+    for points in series.values():
+        for old in [s for s in points if s >= step]:
+            del points[old]
+
+
 def read_scalars(path: PathLike) -> Scalars:
     """The scalar series in an event file, or in all event files of a directory (one run).
 
@@ -150,10 +165,13 @@ def read_scalars(path: PathLike) -> Scalars:
     series: dict[str, dict[int, float]] = {}
     for file in files:
         for event in iter_events(file):
+            if _is_purge(event):
+                _purge(series, int(event.step))
+                continue
             if not event.HasField("summary"):
                 continue
             for value in event.summary.value:
                 number = _value_of(value)
                 if number is not None:
                     series.setdefault(value.tag, {})[int(event.step)] = number
-    return {tag: sorted(points.items()) for tag, points in sorted(series.items())}
+    return {tag: sorted(points.items()) for tag, points in sorted(series.items()) if points}
