@@ -10,7 +10,7 @@ prepares the state and calls ``run()``.
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
 from ignite.engine import Engine, Events
@@ -265,6 +265,11 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
         #: finiteness checks then all-reduce their flags.
         self.multi_process = False
         self._init_resumable()
+        self._state_restored = False
+        #: The model the per-step mode check keeps in training mode (set by trainers when the
+        #: loop begins); ``None``: no check.
+        self.train_mode_model: torch.nn.Module | None = None
+        self._train_modes: dict[torch.nn.Module, bool] = {}
         if batch_processor is None or self.data_loader is None:
             self._check_export_only(batch_processor)
 
@@ -322,6 +327,30 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
     def set_model_mode(self) -> None:
         """Put the model in the mode the loop needs; called right before ``on_loop_begin``."""
 
+    def restore_train_mode(self) -> None:
+        """Put ``train_mode_model`` back in the modes noted at the epoch begin (else ``train()``).
+
+        Called when a step or an epoch begins and the model is found in eval mode: a stock
+        Ignite evaluator (``create_supervised_evaluator``) on the same model leaves it there.
+        Sub-modules an ``on_epoch_begin`` hook put in eval mode (``FreezeModule``) stay so.
+        """
+        model = self.train_mode_model
+        if model is None:
+            return
+        modes = self._train_modes
+        if not modes:
+            model.train()
+            return
+        for module, training in modes.items():
+            module.training = training
+        model.training = True
+
+    def note_train_modes(self) -> None:
+        """Note every sub-module's mode, for :meth:`restore_train_mode` (once an epoch)."""
+        model = self.train_mode_model
+        if model is not None and model.training:
+            self._train_modes = {m: m.training for m in model.modules()}
+
     def _check_export_only(self, batch_processor: Any) -> None:
         """``batch_processor=None`` / ``data_loader=None`` only suit a loop with no step to run."""
         if self._nothing_to_run():
@@ -337,26 +366,61 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
         )
 
     # -- running ---------------------------------------------------------------------------
-    def _nothing_to_run(self) -> bool:
+    def _nothing_to_run(self, start_epoch: int | None = None, start_step: int | None = None) -> bool:
+        start_epoch = self.start_epoch if start_epoch is None else start_epoch
+        start_step = self.start_step if start_step is None else start_step
         if self.stop_by == "epoch":
-            return self.num_epochs == 0 or self.start_epoch >= self.num_epochs
-        return self.num_steps == 0 or self.start_step >= self.num_steps
+            if start_step and not start_epoch:  # a restored iteration
+                length = loader_length(self.data_loader)
+                return self.num_epochs == 0 or bool(length) and start_step >= self.num_epochs * length
+            return self.num_epochs == 0 or start_epoch >= self.num_epochs
+        return self.num_steps == 0 or start_step >= self.num_steps
+
+    def load_state_dict(self, state_dict: Mapping) -> None:
+        """Ignite's :meth:`~ignite.engine.Engine.load_state_dict`; the next :meth:`fit` continues from it.
+
+        So Ignite's resume recipe (``Checkpoint.load_objects({"trainer": trainer, ...})`` or
+        ``trainer.load_state_dict(sd)``, then ``fit()``) goes on at the restored iteration, as
+        ``run()`` would, up to this loop's ``num_epochs`` / ``num_steps``.
+        """
+        super().load_state_dict(state_dict)
+        self._state_restored = True
 
     def fit(self) -> HatState:
         """Run the loop until ``num_epochs`` epochs or ``num_steps`` steps are done.
 
         Resumers (``model_convert_pipeline`` converters with ``resume(loop)``, and objects given
         to :meth:`schedule_resume`) run first and may move ``start_epoch`` / ``start_step``.
+        A run stopped by Ignite's ``interrupt()`` goes on where it stopped, and a state restored
+        with :meth:`load_state_dict` (or Ignite's ``Checkpoint.load_objects``) goes on at its
+        iteration, as Ignite's ``run()`` does; any other call starts at ``start_epoch`` /
+        ``start_step``, as in HAT.
 
         Returns:
             The engine's state after the run.
         """
+        restored = self.state.iteration if self._state_restored else None
+        self._state_restored = False
+        if self._internal_run_generator is not None:
+            if restored is None:  # interrupt() paused the last run: go on with it
+                self.run(self.state.dataloader)
+                return self.state
+            self._drop_paused_run()
         self._run_resumers()
         length = loader_length(self.data_loader)
-        if self._nothing_to_run():
-            self.state.epoch = self.start_epoch
-            self.state.iteration = self.start_step
-            self._make_data(length, self.start_step or self.start_epoch * (length or 0))
+        start_epoch, start_step = self.start_epoch, self.start_step
+        if restored is not None:
+            if length and self.state.epoch_length and self.state.epoch_length != length:
+                raise ValueError(
+                    f"{type(self).__name__}.fit(): the restored state has epoch_length="
+                    f"{self.state.epoch_length}, but the data_loader has {length} batches. Restore a "
+                    f"state saved with this data_loader, or load it with epoch_length={length}."
+                )
+            start_epoch, start_step = 0, restored
+        if self._nothing_to_run(start_epoch, start_step):
+            self.state.epoch = start_epoch if not start_step or not length else start_step // length
+            self.state.iteration = start_step or start_epoch * (length or 0)
+            self._make_data(length, self.state.iteration)
             on_started(self)
             on_completed(self)
             return self.state
@@ -364,20 +428,20 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
             raise empty_loader_error(self)
         limit = {"max_epochs": self.num_epochs} if self.stop_by == "epoch" else {"max_iters": self.num_steps}
         self.state.max_epochs = self.state.max_iters = None
-        if self.start_epoch or self.start_step:
+        if start_epoch or start_step:
             if not length:
                 raise ValueError(
                     "start_epoch/start_step need a data_loader with a length (len(data_loader)), "
                     f"but {type(self.data_loader).__name__} has none."
                 )
-            iteration = self.start_step or self.start_epoch * length
-            if self.start_step and self.start_epoch and self.start_epoch != self.start_step // length:
+            iteration = start_step or start_epoch * length
+            if start_step and start_epoch and start_epoch != start_step // length:
                 raise ValueError(
-                    f"start_epoch={self.start_epoch} and start_step={self.start_step} disagree: with "
-                    f"{length} steps per epoch, step {self.start_step} is in epoch "
-                    f"{self.start_step // length}. Give one of them, or both consistent."
+                    f"start_epoch={start_epoch} and start_step={start_step} disagree: with "
+                    f"{length} steps per epoch, step {start_step} is in epoch "
+                    f"{start_step // length}. Give one of them, or both consistent."
                 )
-            self.load_state_dict({"iteration": iteration, "epoch_length": length, **limit})
+            Engine.load_state_dict(self, {"iteration": iteration, "epoch_length": length, **limit})
             self.run(self._make_data(length, iteration))
         else:
             try:
@@ -389,3 +453,14 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
                     raise empty_loader_error(self) from None
                 raise
         return self.state
+
+    def _drop_paused_run(self) -> None:
+        """Close the run ``interrupt()`` paused, without Ignite logging the close as an error."""
+        paused, self._internal_run_generator = self._internal_run_generator, None
+        self._dataloader_iter = None
+        level = self.logger.level
+        self.logger.setLevel(logging.CRITICAL)
+        try:
+            paused.close()
+        finally:
+            self.logger.setLevel(level)

@@ -11,7 +11,8 @@ class Trainer(LoopBase):
     """A training loop: forward, backward and parameter update on every step.
 
     Takes exactly :class:`~hat_ignite.engine.loop.LoopBase`'s arguments. The model is put in
-    training mode right before ``on_loop_begin``. The distributed trainers differ from it only in
+    training mode right before ``on_loop_begin``, and back in it before a step or an epoch whenever
+    something else (a stock Ignite evaluator on the same model) left it in eval mode. The distributed trainers differ from it only in
     how the model is wrapped and where it runs.
 
     Example:
@@ -40,3 +41,5 @@ class Trainer(LoopBase):
 
     def set_model_mode(self) -> None:
         self.model.train()
+        self.train_mode_model = self.model
+        self._train_modes = {}
