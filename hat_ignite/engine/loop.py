@@ -10,7 +10,7 @@ prepares the state and calls ``run()``.
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 from ignite.engine import Engine, Events
@@ -265,7 +265,6 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
         #: finiteness checks then all-reduce their flags.
         self.multi_process = False
         self._init_resumable()
-        self._state_restored = False
         #: The model the per-step mode check keeps in training mode (set by trainers when the
         #: loop begins); ``None``: no check.
         self.train_mode_model: torch.nn.Module | None = None
@@ -327,30 +326,6 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
     def set_model_mode(self) -> None:
         """Put the model in the mode the loop needs; called right before ``on_loop_begin``."""
 
-    def restore_train_mode(self) -> None:
-        """Put ``train_mode_model`` back in the modes noted at the epoch begin (else ``train()``).
-
-        Called when a step or an epoch begins and the model is found in eval mode: a stock
-        Ignite evaluator (``create_supervised_evaluator``) on the same model leaves it there.
-        Sub-modules an ``on_epoch_begin`` hook put in eval mode (``FreezeModule``) stay so.
-        """
-        model = self.train_mode_model
-        if model is None:
-            return
-        modes = self._train_modes
-        if not modes:
-            model.train()
-            return
-        for module, training in modes.items():
-            module.training = training
-        model.training = True
-
-    def note_train_modes(self) -> None:
-        """Note every sub-module's mode, for :meth:`restore_train_mode` (once an epoch)."""
-        model = self.train_mode_model
-        if model is not None and model.training:
-            self._train_modes = {m: m.training for m in model.modules()}
-
     def _check_export_only(self, batch_processor: Any) -> None:
         """``batch_processor=None`` / ``data_loader=None`` only suit a loop with no step to run."""
         if self._nothing_to_run():
@@ -375,16 +350,6 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
                 return self.num_epochs == 0 or bool(length) and start_step >= self.num_epochs * length
             return self.num_epochs == 0 or start_epoch >= self.num_epochs
         return self.num_steps == 0 or start_step >= self.num_steps
-
-    def load_state_dict(self, state_dict: Mapping) -> None:
-        """Ignite's :meth:`~ignite.engine.Engine.load_state_dict`; the next :meth:`fit` continues from it.
-
-        So Ignite's resume recipe (``Checkpoint.load_objects({"trainer": trainer, ...})`` or
-        ``trainer.load_state_dict(sd)``, then ``fit()``) goes on at the restored iteration, as
-        ``run()`` would, up to this loop's ``num_epochs`` / ``num_steps``.
-        """
-        super().load_state_dict(state_dict)
-        self._state_restored = True
 
     def fit(self) -> HatState:
         """Run the loop until ``num_epochs`` epochs or ``num_steps`` steps are done.
@@ -453,14 +418,3 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
                     raise empty_loader_error(self) from None
                 raise
         return self.state
-
-    def _drop_paused_run(self) -> None:
-        """Close the run ``interrupt()`` paused, without Ignite logging the close as an error."""
-        paused, self._internal_run_generator = self._internal_run_generator, None
-        self._dataloader_iter = None
-        level = self.logger.level
-        self.logger.setLevel(logging.CRITICAL)
-        try:
-            paused.close()
-        finally:
-            self.logger.setLevel(level)

@@ -43,3 +43,27 @@ class Trainer(LoopBase):
         self.model.train()
         self.train_mode_model = self.model
         self._train_modes = {}
+
+    def restore_train_mode(self) -> None:
+        """Put ``train_mode_model`` back in the modes noted at the epoch begin (else ``train()``).
+
+        Called when a step or an epoch begins and the model is found in eval mode: a stock
+        Ignite evaluator (``create_supervised_evaluator``) on the same model leaves it there.
+        Sub-modules an ``on_epoch_begin`` hook put in eval mode (``FreezeModule``) stay so.
+        """
+        model = self.train_mode_model
+        if model is None:
+            return
+        modes = self._train_modes
+        if not modes:
+            model.train()
+            return
+        for module, training in modes.items():
+            module.training = training
+        model.training = True
+
+    def note_train_modes(self) -> None:
+        """Note every sub-module's mode, for :meth:`restore_train_mode` (once an epoch)."""
+        model = self.train_mode_model
+        if model is not None and model.training:
+            self._train_modes = {m: m.training for m in model.modules()}
