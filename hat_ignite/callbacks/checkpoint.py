@@ -95,7 +95,8 @@ class Checkpoint(CallbackMixin):
         monitor_metric_key: name of the monitored metric: looked up in ``best_refer_metric``'s
             names, else read from the loop's ``storage`` (``storage[key]``, or
             ``storage[name][key]`` as validation stores ``storage["monitor_obj"]["accuracy"]``),
-            else looked up in ``val_metrics``' names.
+            else from the loop's ``state.metrics`` (where Ignite metrics such as ``RunningAverage``
+            put theirs), else looked up in ``val_metrics``' names.
         best_refer_metric: metric object(s) whose ``get()`` returns ``(names, values)`` to
             monitor, or a metric config.
         task_sampler: HAT's multitask sampler. Merging per-task buffers across ranks is not
@@ -275,7 +276,7 @@ class Checkpoint(CallbackMixin):
         Returns:
             The periodic file's absolute path (``None`` on ranks other than 0).
         """
-        is_best = self._update_best(storage, val_metrics)
+        is_best = self._update_best(storage, val_metrics, getattr(loop.state, "metrics", None))
         if is_best:
             self._best_iteration = int(loop.state.iteration)
         if not self._is_writer():
@@ -359,7 +360,7 @@ class Checkpoint(CallbackMixin):
         return "the run resumed from it" if (kind, number) in self._resumed_numbers else None
 
     # -- best metric ---------------------------------------------------------------------------
-    def _monitored_value(self, storage: Any, val_metrics: Any) -> float | None:
+    def _monitored_value(self, storage: Any, val_metrics: Any, engine_metrics: Any = None) -> float | None:
         key = self.monitor_metric_key
         if self.best_refer_metric is None and key is not None and isinstance(storage, Mapping):
             if key in storage:
@@ -367,6 +368,8 @@ class Checkpoint(CallbackMixin):
             for name, values in storage.items():  # e.g. storage["monitor_obj"] = {"accuracy": 0.93}
                 if isinstance(values, Mapping) and key in values:
                     return _as_float(values[key], f"storage[{name!r}][{key!r}]")
+            if isinstance(engine_metrics, Mapping) and key in engine_metrics:  # put there by Ignite metrics
+                return _as_float(engine_metrics[key], f"engine.state.metrics[{key!r}]")
         metrics = self.best_refer_metric
         if metrics is None:
             if val_metrics is None:
@@ -374,7 +377,7 @@ class Checkpoint(CallbackMixin):
             metrics = list(val_metrics.values()) if isinstance(val_metrics, Mapping) else val_metrics
             metrics = metrics if isinstance(metrics, (list, tuple)) else [metrics]
         for metric in metrics:
-            if not callable(getattr(metric, "get", None)):
+            if not callable(getattr(type(metric), "get", None)):  # Ignite metrics answer any attribute
                 continue
             names, values = metric.get()
             names = list(names) if isinstance(names, (list, tuple)) else [names]
@@ -395,14 +398,14 @@ class Checkpoint(CallbackMixin):
             )
         return None
 
-    def _update_best(self, storage: Any, val_metrics: Any) -> bool:
+    def _update_best(self, storage: Any, val_metrics: Any, engine_metrics: Any = None) -> bool:
         if self.mode is None:
             return False
-        value = self._monitored_value(storage, val_metrics)
+        value = self._monitored_value(storage, val_metrics, engine_metrics)
         if value is None:
             if not self._warned_missing:
                 logger.warning(
-                    "Checkpoint: no value for the monitored metric %r yet (not in storage, "
+                    "Checkpoint: no value for the monitored metric %r yet (not in storage, state.metrics, "
                     "best_refer_metric or val_metrics); best checkpoint not updated.", self.monitor_metric_key,
                 )
                 self._warned_missing = True

@@ -6,6 +6,8 @@ What is written, under which tag (the x axis is always HAT's ``global_step_id``)
   every ``update_freq`` steps (that step's value) or epochs (the epoch's mean);
 * ``lr/group_<i>``: the learning rate of each optimizer param group, at the same points;
 * ``train/<metric>``: the ``get()`` values of the loop's ``train_metrics``, at the same points;
+* ``metrics/<name>``: the numbers in the loop's ``state.metrics`` (where Ignite metrics and
+  handlers such as ``RunningAverage`` put theirs), at the same points;
 * ``val/<metric>``: each validation's results, read from ``storage["validation"]`` (the record a
   ``Validation`` callback leaves), once per validation;
 * ``stats/<key>``: a ``StatsMonitor``'s figures from ``storage["stats"]`` (those that changed
@@ -261,11 +263,14 @@ class TensorBoard(CallbackMixin):
         if number is not None and self._scalars is not None:
             self._scalars.add(tag, number, step)
 
-    def _write_point(self, optimizer: Any, train_metrics: Any, step: int) -> None:
-        """lr of each param group and the train metrics (metrics on every rank, see module doc)."""
+    def _write_point(self, optimizer: Any, train_metrics: Any, step: int, loop: Any = None) -> None:
+        """lr of each param group, the train metrics (metrics on every rank, see module doc) and
+        the loop's ``state.metrics``."""
         pairs = metric_name_values(train_metrics) if train_metrics is not None else []
         if self.writer is None:
             return
+        for name, value in (getattr(getattr(loop, "state", None), "metrics", None) or {}).items():
+            self._scalar(f"metrics/{name}", value, step)
         for i, group in enumerate(getattr(optimizer, "param_groups", None) or []):
             self._scalar(f"lr/group_{i}", group.get("lr"), step)
         for name, value in pairs:
@@ -361,10 +366,10 @@ class TensorBoard(CallbackMixin):
 
     def on_step_end(
         self, global_step_id: int, storage: dict[str, Any], optimizer: Any = None, train_metrics: Any = None,
-        **kwargs: Any,
+        loop: Any = None, **kwargs: Any,
     ) -> None:
         if self.update_by == "step" and (global_step_id + 1) % self.update_freq == 0:
-            self._write_point(optimizer, train_metrics, global_step_id)
+            self._write_point(optimizer, train_metrics, global_step_id, loop)
         seen = self._seen  # a record already written is the very object still in storage: skip it
         if self.writer is not None and (
             storage.get(_VALIDATION_KEY) is not seen.get(_VALIDATION_KEY)
@@ -376,17 +381,17 @@ class TensorBoard(CallbackMixin):
 
     def on_epoch_end(
         self, epoch_id: int, global_step_id: int, storage: dict[str, Any], optimizer: Any = None,
-        train_metrics: Any = None, **kwargs: Any,
+        train_metrics: Any = None, loop: Any = None, **kwargs: Any,
     ) -> None:
         if self.update_by == "epoch" and (epoch_id + 1) % self.update_freq == 0:
             if self.writer is not None:
                 for name, total in self._epoch_sums.items():
                     self._scalar(f"loss/{name}", total / self._epoch_counts[name], global_step_id)
-            self._write_point(optimizer, train_metrics, global_step_id)
+            self._write_point(optimizer, train_metrics, global_step_id, loop)
             if self.tb_update_funcs:
                 self._run_funcs(global_step_id, self._last_outs, {
                     "epoch_id": epoch_id, "global_step_id": global_step_id, "storage": storage,
-                    "optimizer": optimizer, "train_metrics": train_metrics, **kwargs,
+                    "optimizer": optimizer, "train_metrics": train_metrics, "loop": loop, **kwargs,
                 })
             self._epoch_sums, self._epoch_counts, self._last_outs = {}, {}, None
         self._write_records(storage)

@@ -8,6 +8,7 @@ from hat_ignite.engine.ddp_trainer import DataParallelTrainer, DistributedDataPa
 from hat_ignite.engine.events import HOOK_EVENTS, HatEvents
 from hat_ignite.engine.launcher import build_launcher
 from hat_ignite.engine.loop import LoopBase
+from hat_ignite.engine.outputs import loss_output
 from hat_ignite.engine.predictor import Predictor
 from hat_ignite.engine.processors import (
     BasicBatchProcessor,
@@ -39,4 +40,5 @@ __all__ = [
     "MultiBatchProcessor",
     "collect_loss_by_index",
     "collect_loss_by_regex",
+    "loss_output",
 ]

@@ -8,7 +8,8 @@ each before any other handler of its Ignite event:
 Ignite event                   HAT events fired
 =============================  =======================================================
 ``STARTED``                    ``LOOP_BEGIN`` (after the model mode is set)
-``EPOCH_STARTED``              ``EPOCH_BEGIN`` (after ``sampler.set_epoch``)
+``EPOCH_STARTED``              ``EPOCH_BEGIN`` (after ``sampler.set_epoch``; a trainer's
+                               model modes are noted after it)
 ``ITERATION_STARTED``          ``STEP_BEGIN`` (registered once ``STEP_BEGIN`` has a handler)
 the process function           the batch processor, then ``STEP_END`` (then a requested
 (:func:`run_step`)             stop is honoured), all before ``ITERATION_COMPLETED``
@@ -76,6 +77,9 @@ def on_started(engine: LoopBase) -> None:
 
 def on_epoch_started(engine: LoopBase) -> None:
     state = engine.state
+    model = engine.train_mode_model
+    if model is not None and not model.training:  # e.g. a stock Ignite evaluator ran at EPOCH_COMPLETED
+        engine.restore_train_mode()
     engine._before_epoch_begin()
     set_sampler_epoch(engine.data_loader, state.epoch - 1)
     if state.epoch_length:
@@ -84,9 +88,14 @@ def on_epoch_started(engine: LoopBase) -> None:
         state.epoch_first_step = state.iteration
     state.epoch_open = True
     engine.fire_event(HatEvents.EPOCH_BEGIN)
+    if model is not None:
+        engine.note_train_modes()  # after the on_epoch_begin hooks (FreezeModule ...) set theirs
 
 
 def on_iteration_started(engine: LoopBase) -> None:
+    model = engine.train_mode_model
+    if model is not None and not model.training:  # before the on_step_begin hooks set any mode
+        engine.restore_train_mode()
     if engine.hat_handlers[_STEP_BEGIN]:
         fire_hat_event(engine, HatEvents.STEP_BEGIN)
 
@@ -95,6 +104,9 @@ def run_step(engine: LoopBase, batch: Any) -> Any:
     """The engine's process function: the step processor, then ``STEP_END`` and the stop check.
 
     With ``engine.step_clock`` set, the clock is read first, into ``state.step_start_time``.
+    A trainer's model found out of training mode (a stock Ignite evaluator or ``EarlyStopping``
+    handler left it in ``eval()``) is put back first, as Ignite's own trainer sets ``train()``
+    each step; the check reads one flag.
 
     Ignite stores the returned model outputs as ``engine.state.output``; they are stored there
     before ``STEP_END`` too, for its hooks' ``model_outs``.
@@ -102,6 +114,9 @@ def run_step(engine: LoopBase, batch: Any) -> Any:
     clock = engine.step_clock
     if clock is not None:
         engine.state.step_start_time = clock()
+    model = engine.train_mode_model
+    if model is not None and not model.training:
+        engine.restore_train_mode()
     output = engine.step_processor(engine, batch)
     if engine.hat_handlers[_STEP_END]:
         engine.state.output = output

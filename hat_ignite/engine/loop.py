@@ -265,6 +265,10 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
         #: finiteness checks then all-reduce their flags.
         self.multi_process = False
         self._init_resumable()
+        #: The model the per-step mode check keeps in training mode (set by trainers when the
+        #: loop begins); ``None``: no check.
+        self.train_mode_model: torch.nn.Module | None = None
+        self._train_modes: dict[torch.nn.Module, bool] = {}
         if batch_processor is None or self.data_loader is None:
             self._check_export_only(batch_processor)
 
@@ -337,26 +341,51 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
         )
 
     # -- running ---------------------------------------------------------------------------
-    def _nothing_to_run(self) -> bool:
+    def _nothing_to_run(self, start_epoch: int | None = None, start_step: int | None = None) -> bool:
+        start_epoch = self.start_epoch if start_epoch is None else start_epoch
+        start_step = self.start_step if start_step is None else start_step
         if self.stop_by == "epoch":
-            return self.num_epochs == 0 or self.start_epoch >= self.num_epochs
-        return self.num_steps == 0 or self.start_step >= self.num_steps
+            if start_step and not start_epoch:  # a restored iteration
+                length = loader_length(self.data_loader)
+                return self.num_epochs == 0 or bool(length) and start_step >= self.num_epochs * length
+            return self.num_epochs == 0 or start_epoch >= self.num_epochs
+        return self.num_steps == 0 or start_step >= self.num_steps
 
     def fit(self) -> HatState:
         """Run the loop until ``num_epochs`` epochs or ``num_steps`` steps are done.
 
         Resumers (``model_convert_pipeline`` converters with ``resume(loop)``, and objects given
         to :meth:`schedule_resume`) run first and may move ``start_epoch`` / ``start_step``.
+        A run stopped by Ignite's ``interrupt()`` goes on where it stopped, and a state restored
+        with :meth:`load_state_dict` (or Ignite's ``Checkpoint.load_objects``) goes on at its
+        iteration, as Ignite's ``run()`` does; any other call starts at ``start_epoch`` /
+        ``start_step``, as in HAT.
 
         Returns:
             The engine's state after the run.
         """
+        restored = self.state.iteration if self._state_restored else None
+        self._state_restored = False
+        if self._internal_run_generator is not None:
+            if restored is None:  # interrupt() paused the last run: go on with it
+                self.run(self.state.dataloader)
+                return self.state
+            self._drop_paused_run()
         self._run_resumers()
         length = loader_length(self.data_loader)
-        if self._nothing_to_run():
-            self.state.epoch = self.start_epoch
-            self.state.iteration = self.start_step
-            self._make_data(length, self.start_step or self.start_epoch * (length or 0))
+        start_epoch, start_step = self.start_epoch, self.start_step
+        if restored is not None:
+            if length and self.state.epoch_length and self.state.epoch_length != length:
+                raise ValueError(
+                    f"{type(self).__name__}.fit(): the restored state has epoch_length="
+                    f"{self.state.epoch_length}, but the data_loader has {length} batches. Restore a "
+                    f"state saved with this data_loader, or load it with epoch_length={length}."
+                )
+            start_epoch, start_step = 0, restored
+        if self._nothing_to_run(start_epoch, start_step):
+            self.state.epoch = start_epoch if not start_step or not length else start_step // length
+            self.state.iteration = start_step or start_epoch * (length or 0)
+            self._make_data(length, self.state.iteration)
             on_started(self)
             on_completed(self)
             return self.state
@@ -364,20 +393,20 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
             raise empty_loader_error(self)
         limit = {"max_epochs": self.num_epochs} if self.stop_by == "epoch" else {"max_iters": self.num_steps}
         self.state.max_epochs = self.state.max_iters = None
-        if self.start_epoch or self.start_step:
+        if start_epoch or start_step:
             if not length:
                 raise ValueError(
                     "start_epoch/start_step need a data_loader with a length (len(data_loader)), "
                     f"but {type(self.data_loader).__name__} has none."
                 )
-            iteration = self.start_step or self.start_epoch * length
-            if self.start_step and self.start_epoch and self.start_epoch != self.start_step // length:
+            iteration = start_step or start_epoch * length
+            if start_step and start_epoch and start_epoch != start_step // length:
                 raise ValueError(
-                    f"start_epoch={self.start_epoch} and start_step={self.start_step} disagree: with "
-                    f"{length} steps per epoch, step {self.start_step} is in epoch "
-                    f"{self.start_step // length}. Give one of them, or both consistent."
+                    f"start_epoch={start_epoch} and start_step={start_step} disagree: with "
+                    f"{length} steps per epoch, step {start_step} is in epoch "
+                    f"{start_step // length}. Give one of them, or both consistent."
                 )
-            self.load_state_dict({"iteration": iteration, "epoch_length": length, **limit})
+            Engine.load_state_dict(self, {"iteration": iteration, "epoch_length": length, **limit})
             self.run(self._make_data(length, iteration))
         else:
             try:

@@ -26,6 +26,10 @@ without its data position: the rest of that epoch comes from the start of a fres
 loader (the generators are set before the epoch's ``on_epoch_begin`` hooks), and the next epoch
 starts a pass of its own.
 
+Ignite's own recipes. A state loaded with :meth:`~ResumableLoopMixin.load_state_dict` (as
+``ignite.handlers.Checkpoint.load_objects`` does) makes the next ``fit()`` start at the loaded
+iteration; a run paused by Ignite's ``interrupt()`` is continued by the next ``fit()``.
+
 Stopping. :meth:`~ResumableLoopMixin.request_stop` (safe to call from a signal handler: it only
 stores the reason) makes the loop stop at the next step boundary: each callback with a
 ``save_resume_point(loop)`` method (``Checkpoint``) writes a resumable checkpoint, the loop
@@ -62,8 +66,11 @@ class ResumableLoopMixin:
     start_epoch: int
     start_step: int
     logger: logging.Logger
+    _internal_run_generator: Any  # Ignite's paused run (Engine)
+    _dataloader_iter: Any
 
     def _init_resumable(self) -> None:
+        self._state_restored = False  # load_state_dict() was called since the last fit()
         self._resumers: list[Any] = []
         self._data: ResumableData | None = None
         self._pending_position: dict[str, Any] | None = None
@@ -150,7 +157,28 @@ class ResumableLoopMixin:
             return
         self._pending_position = {**data_state, "rng": rng}
 
+    def load_state_dict(self, state_dict: Mapping) -> None:
+        """Ignite's :meth:`~ignite.engine.Engine.load_state_dict`; the next :meth:`fit` continues from it.
+
+        So Ignite's resume recipe (``Checkpoint.load_objects({"trainer": trainer, ...})`` or
+        ``trainer.load_state_dict(sd)``, then ``fit()``) goes on at the restored iteration, as
+        ``run()`` would, up to this loop's ``num_epochs`` / ``num_steps``.
+        """
+        super().load_state_dict(state_dict)  # type: ignore[misc]
+        self._state_restored = True
+
     # -- used by fit() and the bridge handlers --------------------------------------------------
+    def _drop_paused_run(self) -> None:
+        """Close the run ``interrupt()`` paused, without Ignite logging the close as an error."""
+        paused, self._internal_run_generator = self._internal_run_generator, None
+        self._dataloader_iter = None
+        level = self.logger.level
+        self.logger.setLevel(logging.CRITICAL)
+        try:
+            paused.close()
+        finally:
+            self.logger.setLevel(level)
+
     def _run_resumers(self) -> None:
         pipeline = self.model_convert_pipeline
         converters = pipeline if isinstance(pipeline, (list, tuple)) else [] if pipeline is None else [pipeline]

@@ -11,7 +11,8 @@ class Trainer(LoopBase):
     """A training loop: forward, backward and parameter update on every step.
 
     Takes exactly :class:`~hat_ignite.engine.loop.LoopBase`'s arguments. The model is put in
-    training mode right before ``on_loop_begin``. The distributed trainers differ from it only in
+    training mode right before ``on_loop_begin``, and back in it before a step or an epoch whenever
+    something else (a stock Ignite evaluator on the same model) left it in eval mode. The distributed trainers differ from it only in
     how the model is wrapped and where it runs.
 
     Example:
@@ -40,3 +41,29 @@ class Trainer(LoopBase):
 
     def set_model_mode(self) -> None:
         self.model.train()
+        self.train_mode_model = self.model
+        self._train_modes = {}
+
+    def restore_train_mode(self) -> None:
+        """Put ``train_mode_model`` back in the modes noted at the epoch begin (else ``train()``).
+
+        Called when a step or an epoch begins and the model is found in eval mode: a stock
+        Ignite evaluator (``create_supervised_evaluator``) on the same model leaves it there.
+        Sub-modules an ``on_epoch_begin`` hook put in eval mode (``FreezeModule``) stay so.
+        """
+        model = self.train_mode_model
+        if model is None:
+            return
+        modes = self._train_modes
+        if not modes:
+            model.train()
+            return
+        for module, training in modes.items():
+            module.training = training
+        model.training = True
+
+    def note_train_modes(self) -> None:
+        """Note every sub-module's mode, for :meth:`restore_train_mode` (once an epoch)."""
+        model = self.train_mode_model
+        if model is not None and model.training:
+            self._train_modes = {m: m.training for m in model.modules()}

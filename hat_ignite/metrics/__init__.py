@@ -1,7 +1,8 @@
 """HAT-style metrics whose math is torchmetrics'.
 
 Every metric has ``update(...)``, ``get() -> (names, values)`` and ``reset()``. Classification
-and segmentation metrics take HAT's argument order ``update(labels, preds)``. torchmetrics is
+and segmentation metrics take HAT's argument order ``update(labels, preds)``;
+:class:`MetricAdapter` gives a torchmetrics or Ignite metric that interface. torchmetrics is
 imported when a metric is first updated, not when this package is imported.
 
 >>> import torch
@@ -16,6 +17,7 @@ imported when a metric is first updated, not when this package is imported.
 from hat_ignite.metrics.average_precision import MeanAveragePrecision
 from hat_ignite.metrics.base import EvalMetric, iter_metrics, metric_name_values, reset_metrics
 from hat_ignite.metrics.classification import Accuracy, TopKAccuracy
+from hat_ignite.metrics.interop import MetricAdapter
 from hat_ignite.metrics.loss import LossShow
 from hat_ignite.metrics.segmentation import MeanIOU, MeanIoU
 
@@ -27,6 +29,7 @@ __all__ = [
     "MeanIoU",
     "MeanIOU",
     "MeanAveragePrecision",
+    "MetricAdapter",
     "iter_metrics",
     "metric_name_values",
     "reset_metrics",

@@ -248,23 +248,27 @@ def iter_metrics(metrics: Any) -> Iterator[Any]:
         yield metrics
 
 
-def _pairs_of(metric: Any) -> list[tuple[str, Any]]:
+def _pairs_of(metric: Any) -> tuple[list[tuple[str, Any]], bool]:
+    """The metric's ``(name, value)`` pairs, and whether the names are its own (not made up here).
+
+    Methods are looked up on the class: an Ignite ``Metric`` answers any attribute name on the
+    instance (``metric.get`` is a callable that builds a ``MetricsLambda``).
+    """
     if isinstance(metric, EvalMetric):
-        return metric.get_name_value()
-    get = getattr(metric, "get", None)
-    if callable(get):  # a HAT-style metric that is not an EvalMetric
-        names, values = get()
+        return metric.get_name_value(), True
+    cls = type(metric)
+    if callable(getattr(cls, "get", None)):  # a HAT-style metric that is not an EvalMetric
+        names, values = metric.get()
         if isinstance(names, str):
-            return [(names, to_python(values))]
-        return list(zip(names, to_python(values)))
-    compute = getattr(metric, "compute", None)
-    if callable(compute):  # a torchmetrics or Ignite metric
-        value = compute()
+            return [(names, to_python(values))], True
+        return list(zip(names, to_python(values))), True
+    if callable(getattr(cls, "compute", None)):  # a torchmetrics or Ignite metric
+        value = metric.compute()
         if isinstance(value, Mapping):
-            return [(str(k), to_python(v)) for k, v in value.items()]
-        return [(type(metric).__name__, to_python(value))]
+            return [(str(k), to_python(v)) for k, v in value.items()], False
+        return [(cls.__name__, to_python(value))], False
     raise TypeError(
-        f"{type(metric).__name__} is not a metric: it has neither get() (HAT) nor compute() "
+        f"{cls.__name__} is not a metric: it has neither get() (HAT) nor compute() "
         f"(torchmetrics, Ignite). Use a hat_ignite.metrics metric or subclass EvalMetric."
     )
 
@@ -272,19 +276,36 @@ def _pairs_of(metric: Any) -> list[tuple[str, Any]]:
 def metric_name_values(metrics: Any) -> list[tuple[str, Any]]:
     """``(name, value)`` pairs of every metric in ``metrics``, values as Python numbers.
 
-    Accepts HAT metrics (``get()``) and torchmetrics/Ignite metrics (``compute()``, named by
-    their class) in one metric, a list, or a dict.
+    Accepts HAT metrics (``get()``) and torchmetrics/Ignite metrics (``compute()``) in one metric,
+    a list, or a dict. A torchmetrics/Ignite metric is named by its class; a class name already
+    taken gets ``_2``, ``_3`` ... so two metrics of one class both show (to choose the names,
+    wrap them in :class:`~hat_ignite.metrics.MetricAdapter`):
+
+    >>> from torchmetrics.aggregation import MaxMetric
+    >>> low, high = MaxMetric(), MaxMetric()
+    >>> low.update(torch.tensor(1.0)); high.update(torch.tensor(5.0))
+    >>> metric_name_values([low, high])
+    [('MaxMetric', 1.0), ('MaxMetric_2', 5.0)]
     """
     pairs: list[tuple[str, Any]] = []
+    taken: set[str] = set()
     for metric in iter_metrics(metrics):
-        pairs.extend(_pairs_of(metric))
+        found, own_names = _pairs_of(metric)
+        for name, value in found:
+            if not own_names and name in taken:
+                base, n = name, 2
+                while f"{base}_{n}" in taken:
+                    n += 1
+                name = f"{base}_{n}"
+            taken.add(name)
+            pairs.append((name, value))
     return pairs
 
 
 def reset_metrics(metrics: Any) -> None:
     """Call ``reset()`` on every metric in ``metrics``."""
     for metric in iter_metrics(metrics):
-        reset = getattr(metric, "reset", None)
-        if not callable(reset):
+        reset = getattr(metric, "reset", None) if callable(getattr(type(metric), "reset", None)) else None
+        if reset is None:
             raise TypeError(f"{type(metric).__name__} has no reset() method, so it cannot be used as a metric.")
         reset()

@@ -135,6 +135,24 @@ class SimpleProfiler(ProfilerBase):
         """The sum of every row's total: the run's time that some section accounts for."""
         return sum(r["total_s"] for r in self.results)
 
+    def get_results(self) -> list[dict[str, Any]]:
+        """The last run's rows (as :attr:`results`), named as Ignite's profilers name theirs.
+
+        With ``attach(engine)`` (also as Ignite's), code written for Ignite's
+        ``HandlersTimeProfiler`` switches by changing the class; see ``docs/ignite.md`` for why
+        Ignite's profilers misreport HAT hooks.
+        """
+        return list(self.results)
+
+    def write_results(self, output_path: str) -> None:
+        """Write the last run's rows as CSV (``name,calls,total_s,mean_ms,percent``), one per section."""
+        import csv
+
+        with open(output_path, "w", newline="", encoding="utf-8") as f:
+            writer = csv.DictWriter(f, fieldnames=["name", "calls", "total_s", "mean_ms", "percent"])
+            writer.writeheader()
+            writer.writerows(self.results)
+
     def table(self) -> str:
         """The last run's results as a fixed-width text table."""
         width = max([len(r["name"]) for r in self.results] + [20])

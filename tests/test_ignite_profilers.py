@@ -1,0 +1,69 @@
+"""Ignite's profilers against ours on a HAT hook that takes 2 ms a step (digits data)."""
+
+from __future__ import annotations
+
+import csv
+import time
+
+import torch
+from ignite.handlers import HandlersTimeProfiler
+from torch.utils.data import DataLoader, Subset
+
+from hat_ignite.callbacks import CallbackMixin
+from hat_ignite.data.digits import DigitsDataset
+from hat_ignite.engine import BasicBatchProcessor, Trainer, collect_loss_by_index
+from hat_ignite.models.mlp import MLPClassifier
+from hat_ignite.profiler import SimpleProfiler
+
+STEPS = 20
+
+
+class SlowHook(CallbackMixin):
+    """A HAT callback whose on_step_end takes about 2 ms; records how long it really took."""
+
+    def __init__(self):
+        self.spent = 0.0
+
+    def on_step_end(self, **kwargs):
+        t0 = time.perf_counter()
+        time.sleep(0.002)
+        self.spent += time.perf_counter() - t0
+
+
+def make_trainer(hook):
+    torch.manual_seed(0)
+    model = MLPClassifier(hidden_features=16)
+    data = DataLoader(Subset(DigitsDataset("train"), range(16 * STEPS)), batch_size=16)
+    return Trainer(model, data, torch.optim.SGD(model.parameters(), lr=0.1),
+                   BasicBatchProcessor(True, loss_collector=collect_loss_by_index(0)), device=None, num_epochs=1,
+                   callbacks=[hook])
+
+
+def test_handlers_time_profiler_counts_hat_hooks_twice_ours_once(tmp_path):
+    hook = SlowHook()
+    trainer = make_trainer(hook)
+    ignite_profiler = HandlersTimeProfiler()
+    ignite_profiler.attach(trainer)
+    t0 = time.perf_counter()
+    trainer.fit()
+    wall = time.perf_counter() - t0
+    rows = {row[0]: row for row in ignite_profiler.get_results()}
+    # Ignite times the hook as a handler and again inside "Processing" (the process function fires
+    # it), so its rows add up to more than the run took
+    assert rows["SlowHook.on_step_end"][2] >= 0.9 * hook.spent
+    assert rows["Processing"][2] >= hook.spent
+    assert rows["Total"][2] + rows["Processing"][2] + rows["Dataflow"][2] > wall
+
+    hook = SlowHook()
+    trainer = make_trainer(hook)
+    ours = SimpleProfiler(log=False)
+    ours.attach(trainer)  # attached the way Ignite's profilers are
+    trainer.fit()
+    results = {r["name"]: r for r in ours.get_results()}
+    hook_row = results["STEP_END: SlowHook.on_step_end"]
+    assert hook_row["calls"] == STEPS and abs(hook_row["total_s"] - hook.spent) < 0.2 * hook.spent
+    assert ours.timed_total_s() <= ours.wall_s  # exclusive times: the hook is counted once
+    ours.write_results(str(tmp_path / "profile.csv"))
+    with open(tmp_path / "profile.csv", newline="") as f:
+        written = {row["name"]: row for row in csv.DictReader(f)}
+    assert int(written["STEP_END: SlowHook.on_step_end"]["calls"]) == STEPS
