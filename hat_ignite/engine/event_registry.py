@@ -4,14 +4,13 @@
 :class:`~hat_ignite.engine.events.HatEvents` with Ignite, keeps ``hat_handlers`` (the registry's
 own handler lists of the thirteen events, by ``event.hat_index``) in step with Ignite's
 ``add_event_handler`` / ``remove_event_handler``, fires HAT events through
-:func:`~hat_ignite.engine.dispatch.fire_hat_event` and Ignite's own events as Ignite does, minus
-Ignite's per-event debug formatting when nothing logs it.
+:func:`~hat_ignite.engine.dispatch.fire_hat_event` and Ignite's own events through Ignite's public
+``fire_event`` path, untouched.
 """
 
 from __future__ import annotations
 
 import logging
-import weakref
 from typing import Any, Callable
 
 from ignite.engine import Events
@@ -55,26 +54,6 @@ class HatEventsMixin:
             fire_hat_event(self, event_name)
             return
         super().fire_event(event_name)
-
-    def _fire_event(self, event_name: Any, *event_args: Any, **event_kwargs: Any) -> None:
-        """Ignite's ``Engine._fire_event``, formatting its debug message only when it is logged.
-
-        Ignite formats that message (epoch, iteration and the event's name) on each of the four
-        events it fires per step, logged or not; the handlers are called exactly as Ignite calls
-        them.
-        """
-        if self.logger.isEnabledFor(logging.DEBUG):
-            self.logger.debug(f"{self.state.epoch} | {self.state.iteration}, Firing handlers for event {event_name}")
-        self.last_event_name = event_name
-        for func, args, kwargs in self._event_handlers[event_name]:
-            kwargs.update(event_kwargs)
-            if args and isinstance(args[0], weakref.ref):
-                engine = args[0]()
-                if engine is None:
-                    raise RuntimeError("Engine reference not resolved. Cannot execute event handler.")
-                func(engine, *event_args, *args[1:], **kwargs)
-            else:  # metrics do not take the engine
-                func(*event_args, *args, **kwargs)
 
     def add_event_handler(self, event_name: Any, handler: Callable, *args: Any, **kwargs: Any) -> Any:
         """Ignite's ``add_event_handler``; keeps :attr:`hat_handlers` pointing at the live lists.
