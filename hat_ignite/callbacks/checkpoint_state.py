@@ -255,7 +255,7 @@ def _restore_progress(
             )
         loop.start_step = iteration
         loop.start_epoch = iteration // length if length else 0
-        restored.append(f"progress (iteration {iteration})")
+        restored.append(f"progress (goes on at global step {iteration})")
     else:
         skipped.append("epoch/step (the checkpoint records no progress)")
     saved = ckpt.get("callbacks") or {}
