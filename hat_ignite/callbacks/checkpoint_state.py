@@ -172,9 +172,10 @@ def restore_training_state(
     _restore_optimizer(loop, checkpoint, path, restored, skipped)
     _restore_progress(loop, checkpoint, path, restored, skipped)
     loop.checkpoint = checkpoint
-    logger.info("Restored from %s: %s.", path, ", ".join(restored) or "nothing")
-    if skipped:
-        logger.info("Not restored from %s: %s.", path, "; ".join(skipped))
+    if restored:
+        logger.info("Restored from %s: %s.", path, ", ".join(restored))
+    if skipped:  # a converter that loaded the weights (and said so) and restored nothing else: quiet
+        (logger.info if restored else logger.debug)("Not restored from %s: %s.", path, "; ".join(skipped))
     return {"restored": restored, "skipped": skipped}
 
 

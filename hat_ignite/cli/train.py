@@ -195,11 +195,10 @@ def _train(argv: Sequence[str]) -> int:
         )
     from hat_ignite.callbacks.metric_updater import format_name_values
 
-    logger.info(
-        "done in %.1f s: train %s, val %s -> %s",
-        record["seconds"], format_name_values(list(record["train_metrics"].items())) or "-",
-        format_name_values(list(record["val_metrics"].items())) or "-", work_dir.file("metrics.json"),
-    )
+    results = [f"{name} {format_name_values(list(values.items()))}"
+               for name, values in (("train", record["train_metrics"]), ("val", record["val_metrics"])) if values]
+    logger.info("done in %.1f s: %s -> %s", record["seconds"], ", ".join(results) or "no metrics",
+                work_dir.file("metrics.json"))
     return 0
 
 
