@@ -151,6 +151,12 @@ def restore_training_state(
     random generators. The checkpoint is also kept as ``loop.checkpoint`` for callbacks that
     restore themselves later (an EMA callback creating ``ema_model`` at loop begin, say).
 
+    Args:
+        loop: the built loop to restore into.
+        checkpoint: the loaded checkpoint (a dict as :func:`~.checkpoint_io.load_checkpoint` returns).
+        path: the file it was loaded from (named in messages).
+        load_model: also copy the model weights (``False`` when a converter loaded them already).
+
     Returns:
         ``{"restored": [...], "skipped": ["what (why)", ...]}``.
 
@@ -293,6 +299,11 @@ def resume_from(loop: LoopBase, path: PathLike, check_hash: bool = True) -> dict
 
     What is restored follows ``loop.resume_optimizer`` and ``loop.resume_epoch_or_step`` (see
     :func:`restore_training_state`). Call it after building the loop and right before ``fit()``.
+
+    Args:
+        loop: the built ``Trainer`` (or other loop) to restore into.
+        path: the checkpoint file.
+        check_hash: verify the content hash the file records (default ``True``).
 
     Returns:
         ``{"restored": [...], "skipped": [...]}``, also logged.
