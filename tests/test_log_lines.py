@@ -63,3 +63,14 @@ def test_every_id_in_the_log_is_0_based(three_epochs):
     # the log file holds the same lines
     logged = (work_dir / "float_train.log").read_text().splitlines()
     assert [line.split(": ", 1)[1] for line in logged] == [line.split(": ", 1)[1] for line in lines]
+
+
+def test_a_typod_callback_argument_is_one_message_with_the_right_name(tmp_path):
+    config = tmp_path / "typo.py"
+    config.write_text(DIGITS_CONFIG.read_text().replace("lr_decay_id=[12, 17]", "lr_decay_idd=[12, 17]"))
+    proc = run_tool("hat-train", config, "--work-dir", tmp_path / "wd", cwd=tmp_path, timeout=120)
+    assert proc.returncode == 1
+    errors = [line for line in proc.stderr.splitlines() if "lr_decay_idd" in line]
+    assert len(errors) == 1 and errors[0].startswith("hat-train: error: ")
+    assert "Did you mean 'lr_decay_id'" in errors[0] and "Traceback" not in proc.stderr
+    assert not (tmp_path / "wd").exists()

@@ -111,3 +111,14 @@ def test_step_scalars_write_nothing_once_the_writer_is_closed(tmp_path):
     scalars.add("loss", 2.0, 1)
     scalars.flush()  # no error, and the closed file is left as it was
     assert read_scalars(str(tmp_path)) == {"loss": [(0, 1.0)]}
+
+
+def test_the_bench_measures_a_tensorboard_point_both_ways():
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "engine_overhead.py"), "--tb-point", "--quick"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| StepScalars") or line.startswith("| add_scalar")]
+    assert len(rows) == 2 and all(float(row.split("|")[2].split()[0]) > 0 for row in rows)
