@@ -201,6 +201,48 @@ def versions() -> str:
     return ", ".join(parts)
 
 
+def tensorboard_point_cost(rounds: int, points: int) -> None:
+    """µs of the calling thread per TensorBoard point of four scalars (the digits config's point).
+
+    ``StepScalars`` (one ``Summary`` per point through tensorboardX's public
+    ``file_writer.add_summary``) against four ``add_scalar`` calls; medians over ``rounds`` of
+    ``points`` points each, the two interleaved.
+    """
+    import tempfile
+
+    from tensorboardX import SummaryWriter
+
+    from hat_ignite.callbacks.tensorboard_scalars import StepScalars
+
+    tags = ("lr/group_0", "cls_loss", "accuracy", "loss/total")
+
+    def step_scalars(writer: SummaryWriter) -> None:
+        scalars = StepScalars(writer)
+        for step in range(points):
+            for i, tag in enumerate(tags):
+                scalars.add(tag, 0.5 + i, step)
+            scalars.flush()
+
+    def add_scalar(writer: SummaryWriter) -> None:
+        for step in range(points):
+            for i, tag in enumerate(tags):
+                writer.add_scalar(tag, 0.5 + i, step)
+
+    results: dict[str, list[float]] = {"StepScalars (public add_summary)": [], "add_scalar x4": []}
+    for _ in range(rounds):
+        for name, write in zip(results, (step_scalars, add_scalar)):
+            with tempfile.TemporaryDirectory() as logdir:
+                writer = SummaryWriter(logdir=logdir)
+                start = time.perf_counter()
+                write(writer)
+                results[name].append((time.perf_counter() - start) / points * 1e6)
+                writer.close()
+    print(f"\n### TensorBoard point of {len(tags)} scalars ({rounds} rounds, {points} points per run, wall clock)\n")
+    print("| writer | median µs/point [min..max] |\n|---|---:|")
+    for name, values in results.items():
+        print(f"| {name} | {statistics.median(values):.1f} [{min(values):.1f}..{max(values):.1f}] |")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a smoke run: 1 round of short runs, no warm-up, fewer start-up and memory rows")
@@ -212,6 +254,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--variants", default=None, help="comma-separated subset of: " + ",".join(VARIANTS)
                         + "; breakdown rows, only when named: " + ",".join(BREAKDOWN_VARIANTS))
     parser.add_argument("--steps-only", action="store_true", help="only the per-step tables: no start-up or memory rows")
+    parser.add_argument("--tb-point", action="store_true",
+                        help="only the cost of a TensorBoard point (StepScalars against add_scalar)")
     parser.add_argument("--rss-child", nargs=2, metavar=("WORKLOAD", "VARIANT"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -230,6 +274,9 @@ def main(argv: list[str] | None = None) -> None:
         rss_child(*args.rss_child, steps=args.steps or 50)
         return
     rounds = args.rounds or (1 if args.quick else 25)
+    if args.tb_point:
+        tensorboard_point_cost(rounds, 20 if args.quick else 400)
+        return
     print(f"# engine overhead — {datetime.datetime.now().isoformat(timespec='minutes')}")
     print(f"\n{versions()}; {platform.machine()}, {os.cpu_count()} CPUs, torch threads = {torch.get_num_threads()}, "
           f"clock: {'CPU time of the process' if args.clock == 'cpu' else 'wall'}")

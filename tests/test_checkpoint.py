@@ -333,7 +333,7 @@ def _resume_run(path, save_dir, reseed=None) -> Trainer:
                            resume_optimizer=True, resume_epoch_or_step=True)
     if reseed is None:
         report = resume_from(trainer, path)
-        wanted = {"model", "optimizer", "progress (iteration 6)", "callback CosLrUpdater", "rng:torch"}
+        wanted = {"model", "optimizer", "progress (goes on at global step 6)", "callback CosLrUpdater", "rng:torch"}
         assert wanted <= set(report["restored"])
     else:  # the same resume without the saved generators, which another seed then drives
         saved = {k: v for k, v in load_checkpoint(path).items() if k != "rng"}

@@ -151,6 +151,12 @@ def restore_training_state(
     random generators. The checkpoint is also kept as ``loop.checkpoint`` for callbacks that
     restore themselves later (an EMA callback creating ``ema_model`` at loop begin, say).
 
+    Args:
+        loop: the built loop to restore into.
+        checkpoint: the loaded checkpoint (a dict as :func:`~.checkpoint_io.load_checkpoint` returns).
+        path: the file it was loaded from (named in messages).
+        load_model: also copy the model weights (``False`` when a converter loaded them already).
+
     Returns:
         ``{"restored": [...], "skipped": ["what (why)", ...]}``.
 
@@ -172,9 +178,10 @@ def restore_training_state(
     _restore_optimizer(loop, checkpoint, path, restored, skipped)
     _restore_progress(loop, checkpoint, path, restored, skipped)
     loop.checkpoint = checkpoint
-    logger.info("Restored from %s: %s.", path, ", ".join(restored) or "nothing")
-    if skipped:
-        logger.info("Not restored from %s: %s.", path, "; ".join(skipped))
+    if restored:
+        logger.info("Restored from %s: %s.", path, ", ".join(restored))
+    if skipped:  # a converter that loaded the weights (and said so) and restored nothing else: quiet
+        (logger.info if restored else logger.debug)("Not restored from %s: %s.", path, "; ".join(skipped))
     return {"restored": restored, "skipped": skipped}
 
 
@@ -255,7 +262,7 @@ def _restore_progress(
             )
         loop.start_step = iteration
         loop.start_epoch = iteration // length if length else 0
-        restored.append(f"progress (iteration {iteration})")
+        restored.append(f"progress (goes on at global step {iteration})")
     else:
         skipped.append("epoch/step (the checkpoint records no progress)")
     saved = ckpt.get("callbacks") or {}
@@ -292,6 +299,11 @@ def resume_from(loop: LoopBase, path: PathLike, check_hash: bool = True) -> dict
 
     What is restored follows ``loop.resume_optimizer`` and ``loop.resume_epoch_or_step`` (see
     :func:`restore_training_state`). Call it after building the loop and right before ``fit()``.
+
+    Args:
+        loop: the built ``Trainer`` (or other loop) to restore into.
+        path: the checkpoint file.
+        check_hash: verify the content hash the file records (default ``True``).
 
     Returns:
         ``{"restored": [...], "skipped": [...]}``, also logged.

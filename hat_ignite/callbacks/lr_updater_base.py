@@ -251,7 +251,9 @@ class LrUpdaterBase(CallbackMixin):
     @staticmethod
     def _log(optimizer: torch.optim.Optimizer, epoch_id: int, step_id: int, global_step_id: int) -> None:
         if logger.isEnabledFor(logging.INFO):
-            lrs = ", ".join(f"{group['lr']:.6g}" for group in optimizer.param_groups)
+            values = [f"{group['lr']:.6g}" for group in optimizer.param_groups]
+            # one value when every group has it (groups differing only in weight decay ...)
+            lrs = values[0] if len(set(values)) == 1 else ", ".join(values)
             logger.info("Epoch[%d] Step[%d] GlobalStep[%d] lr=%s", epoch_id, step_id, global_step_id, lrs)
 
     # -- state ---------------------------------------------------------------------------------

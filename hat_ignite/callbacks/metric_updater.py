@@ -179,6 +179,9 @@ class MetricUpdater(CallbackMixin):
         self._last_pairs: list[tuple[str, Any]] | None = None  # latest values computed this run
         self._checked_metrics: Any = None  # the metrics object _metrics() last found non-empty
         self._restored: dict[str, Any] | None = None  # a checkpoint's state, applied at loop begin
+        #: The epoch id its epoch line shows instead of the loop's own: a ``Validation`` sets it to the
+        #: training epoch it validates, so that line reads ``Validation Epoch[3]``, not ``Epoch[0]``.
+        self.log_epoch_id: int | None = None
 
     # -- helpers ---------------------------------------------------------------------------
     def _metrics(self, train_metrics: Any) -> Any:
@@ -270,7 +273,7 @@ class MetricUpdater(CallbackMixin):
             return
         pairs = self._values(self._metrics(train_metrics))
         if log_now:
-            self._log(f"Epoch[{epoch_id}]", pairs)
+            self._log(f"Epoch[{epoch_id if self.log_epoch_id is None else self.log_epoch_id}]", pairs)
         if store_now:
             self._store(storage, pairs)
 

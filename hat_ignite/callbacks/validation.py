@@ -209,6 +209,7 @@ class Validation(CallbackMixin):
         def collect(engine: Predictor) -> None:  # after every callback's on_loop_end
             results.update(engine.state.storage)
 
+        labelled = self._label_epoch(epoch_id)
         try:
             val_model = self._val_model(source)
             predictor = Predictor(
@@ -222,10 +223,20 @@ class Validation(CallbackMixin):
             del predictor, val_model
         finally:
             _restore_modes(modes)
+            for cb in labelled:
+                cb.log_epoch_id = None
         storage.update(results)
         record = {"epoch_id": epoch_id, "global_step_id": global_step_id, "results": copy.deepcopy(results)}
         storage[STORAGE_KEY] = record
         return results
+
+    def _label_epoch(self, epoch_id: int) -> list[Any]:
+        """Have the callbacks that log an epoch line (``MetricUpdater``) show the training ``epoch_id``."""
+        flat = [cb for item in self.callbacks for cb in (item if isinstance(item, (list, tuple)) else [item])]
+        labelled = [cb for cb in flat if hasattr(cb, "log_epoch_id")]
+        for cb in labelled:
+            cb.log_epoch_id = epoch_id
+        return labelled
 
     def overridden_hooks(self) -> list[str]:
         """The hooks to attach: ``on_step_end`` only when validating by step."""

@@ -160,7 +160,9 @@ def setup_logging(debug: bool) -> None:
     if _rank() != 0:
         _add(logging.NullHandler())
         return
-    console = logging.StreamHandler(sys.stderr)
+    from hat_ignite.cli.progress import ConsoleHandler
+
+    console = ConsoleHandler(sys.stderr)  # on a terminal, lines go around the progress bar
     console.setFormatter(logging.Formatter(_FORMAT, "%H:%M:%S"))
     _add(console)
     _add(_Buffer())

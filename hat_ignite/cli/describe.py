@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["describe_engine"]
+__all__ = ["describe_engine", "model_size_text"]
 
 
 def _loader_text(loader: Any) -> str:
@@ -17,6 +17,35 @@ def _loader_text(loader: Any) -> str:
     extra = f", batch_size={batch_size}" if batch_size is not None else ""
     extra += f", dataset={dataset!r:.80}" if dataset is not None else ""
     return f"{type(loader).__name__} ({length}{extra})"
+
+
+def model_size_text(model: Any) -> str:
+    """The model's class and its numbers of values: parameters, buffers, and 8-bit integer ones.
+
+    An int8-converted model keeps its weights as int8 buffers (its parameters are the float
+    biases), so the parameter count alone would undersell it.
+
+    >>> import torch
+    >>> model_size_text(torch.nn.Linear(4, 2))
+    'Linear (10 parameters)'
+    >>> model_size_text(torch.nn.BatchNorm1d(3))
+    'BatchNorm1d (6 parameters, 7 buffer values)'
+    >>> q = torch.nn.Linear(4, 2, bias=False)
+    >>> q.register_buffer("weight_int8", torch.zeros(2, 4, dtype=torch.int8))
+    >>> model_size_text(q)
+    'Linear (8 parameters, 8 buffer values; 8 int8 values)'
+    """
+    import torch
+
+    params = list(model.parameters())
+    buffers = list(model.buffers())
+    text = f"{sum(p.numel() for p in params):,} parameters"
+    if buffers:
+        text += f", {sum(b.numel() for b in buffers):,} buffer values"
+    small = sum(t.numel() for t in (*params, *buffers) if t.dtype in (torch.int8, torch.uint8))
+    if small:
+        text += f"; {small:,} int8 values"
+    return f"{type(model).__name__} ({text})"
 
 
 def describe_engine(engine: Any, stage_key: str) -> str:
@@ -32,9 +61,8 @@ def describe_engine(engine: Any, stage_key: str) -> str:
     from hat_ignite.engine.events import HOOK_EVENTS, HatEvents
 
     model = engine.model
-    n_params = sum(p.numel() for p in model.parameters())
     out = [f"{stage_key}: {type(engine).__module__}.{type(engine).__qualname__}"]
-    out.append(f"  model: {type(model).__name__} ({n_params:,} parameters)")
+    out.append(f"  model: {model_size_text(model)}")
     for loader in getattr(engine, "data_loaders", None) or [engine.data_loader]:
         out.append(f"  data_loader: {_loader_text(loader)}")
     if engine.optimizer is not None:

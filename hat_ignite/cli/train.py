@@ -49,6 +49,7 @@ from hat_ignite.cli.distributed import (
     follow_launcher_signals,
     is_main_process,
 )
+from hat_ignite.cli.progress import TerminalBar, attach_epoch_line
 from hat_ignite.cli.resume import (
     add_resume_argument,
     apply_resume,
@@ -74,38 +75,25 @@ def _lr_of(trainer: Any) -> float | None:
     return float(groups[0]["lr"]) if groups else None
 
 
-def _attach_progress(trainer: Any) -> None:
+def _attach_progress(trainer: Any) -> TerminalBar | None:
     """Rank 0: a tqdm bar (loss, lr) when stderr is a terminal; otherwise a log line per epoch.
 
-    Steps are logged as well when the trainer's ``log_interval`` is set.
+    Returns:
+        The bar (to close if training fails), or ``None``.
     """
     import ignite.distributed as idist
-    from ignite.engine import Events
 
     if idist.get_rank() != 0:
-        return
+        return None
+
+    def loss_and_lr() -> dict[str, float]:
+        shown = {"loss": loss_value(trainer.state.losses), "lr": _lr_of(trainer)}
+        return {k: v for k, v in shown.items() if v is not None}
+
     if sys.stderr.isatty():
-        from ignite.handlers import ProgressBar
-
-        def loss_and_lr(_output: Any) -> dict[str, float]:
-            shown = {"loss": loss_value(trainer.state.losses), "lr": _lr_of(trainer)}
-            return {k: v for k, v in shown.items() if v is not None}
-
-        ProgressBar(persist=True).attach(trainer, output_transform=loss_and_lr)
-        return
-    start = time.perf_counter()
-
-    def epoch_line(engine: Any) -> None:
-        value, lr = loss_value(engine.state.losses), _lr_of(engine)
-        loss = f", last loss {value:.4f}" if value is not None else ""
-        loss += f", lr {lr:.4g}" if lr is not None else ""
-        logger.info(
-            "epoch %d/%s done: %d steps%s, %.1f s",
-            engine.state.epoch, engine.state.max_epochs or "?", engine.state.iteration, loss,
-            time.perf_counter() - start,
-        )
-
-    trainer.add_event_handler(Events.EPOCH_COMPLETED, epoch_line)
+        return TerminalBar(trainer, sys.stderr, loss_and_lr)
+    attach_epoch_line(trainer, loss_and_lr)
+    return None
 
 
 def _metrics_record(trainer: Any, stage: str, config: str, seconds: float) -> dict[str, Any]:
@@ -181,8 +169,7 @@ def _train(argv: Sequence[str]) -> int:
     if main_process:
         cfg.dump(work_dir.file(f"{args.stage}_train_config.py"))
     logger.info("config %s, stage %s, work dir %s", cfg.filename, stage_key, work_path)
-    if main_process:
-        _attach_progress(trainer)
+    bar = _attach_progress(trainer) if main_process else None
     if args.resume:
         apply_resume(trainer, args.resume, cfg[stage_key], work_path, found=found)
     received, restore_signals = install_stop_signals(trainer)
@@ -194,10 +181,12 @@ def _train(argv: Sequence[str]) -> int:
         state = trainer.state
         raise CliError(
             f"training {stage_key} failed at epoch_id={max(state.epoch - 1, 0)}, "
-            f"global_step_id={max(state.iteration - 1, 0)}: {type(exc).__name__}: {exc} "
+            f"global_step_id={max(state.iteration - 1, 0)}: {type(exc).__name__}: {str(exc).rstrip('.')}. "
             f"The log and any checkpoint saved so far are in {work_path}."
         ) from exc
     finally:
+        if bar is not None:  # before anything else is printed: no stale bar under the report
+            bar.close()
         if not received:  # after a signal, a second one must still exit at once, up to the process's end
             restore_signals()
     record = _metrics_record(trainer, args.stage, cfg.filename, time.perf_counter() - start)
@@ -217,10 +206,12 @@ def _train(argv: Sequence[str]) -> int:
             work_path, args.stage, "hat-train", cfg.filename, work_dir.file(f"{args.stage}_train_config.py"),
             inputs, [output] if output else [],
         )
-    logger.info(
-        "done in %.1f s: train %s, val %s -> %s",
-        record["seconds"], record["train_metrics"], record["val_metrics"], work_dir.file("metrics.json"),
-    )
+    from hat_ignite.callbacks.metric_updater import format_name_values
+
+    results = [f"{name} {format_name_values(list(values.items()))}"
+               for name, values in (("train", record["train_metrics"]), ("val", record["val_metrics"])) if values]
+    logger.info("done in %.1f s: %s -> %s", record["seconds"], ", ".join(results) or "no metrics",
+                work_dir.file("metrics.json"))
     return 0
 
 

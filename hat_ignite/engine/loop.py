@@ -26,7 +26,7 @@ from hat_ignite.engine.bridge import (
     run_step,
 )
 from hat_ignite.engine.dispatch import attach_hat_callback, hat_hook_methods
-from hat_ignite.engine.event_registry import HatEventsMixin
+from hat_ignite.engine.event_registry import HatEventsMixin, quiet_ignite_messages
 from hat_ignite.engine.events import HatEvents
 from hat_ignite.engine.resumable import ResumableLoopMixin
 from hat_ignite.engine.state import HatState
@@ -187,7 +187,7 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
         super().__init__(run_step)  # the batch processor, wrapped in the HAT step (see bridge.py)
         self.state = HatState()
         self._init_hat_events()
-        self.logger = logging.getLogger(f"hat_ignite.engine.{type(self).__name__}")
+        self.logger = quiet_ignite_messages(logging.getLogger(f"hat_ignite.engine.{type(self).__name__}"))
 
         stop_by = (stop_by or "epoch").lower()
         if stop_by not in _STOP_BY:

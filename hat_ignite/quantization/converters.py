@@ -31,6 +31,7 @@ from hat_ignite.errors import QuantizationError
 from hat_ignite.quantization.capture import capture_inputs, example_batch, export_module
 from hat_ignite.quantization.prepared import PreparedModule, prepared_modules
 from hat_ignite.quantization.qconfig import check_convert_mode, check_qat_mode
+from hat_ignite.quantization.torchao_import import import_torchao
 
 __all__ = [
     "default_quantizer",
@@ -47,6 +48,7 @@ logger = logging.getLogger(__name__)
 def default_quantizer(reduce_range: bool = False) -> Any:
     """torchao's ``X86InductorQuantizer`` with its default QAT config (int8 per-channel weights,
     uint8 per-tensor activations). ``reduce_range=True`` uses 7-bit activations for CPUs without VNNI."""
+    import_torchao()
     from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import (
         X86InductorQuantizer,
         get_default_x86_inductor_quantization_config,
@@ -71,6 +73,7 @@ def _replace(model: nn.Module, old: nn.Module, new: nn.Module) -> nn.Module:
 def _fold_batch_norms(graph: nn.Module) -> None:
     """Fold every BatchNorm that follows a conv or linear in an eval-form exported graph into its
     weights (torchao's passes), and drop the folded BatchNorms' parameters and statistics."""
+    import_torchao()
     from torchao.quantization.pt2e.utils import _fuse_conv_bn_, _fuse_linear_bn_
 
     before = dict(graph.named_parameters())
@@ -128,6 +131,7 @@ class _Prepare:
                 f"{already[0].stage!r}). Prepare a float model once; use Calibration2QAT or "
                 f"QAT2Quantize to move a prepared model on."
             )
+        import_torchao()
         from torchao.quantization.pt2e.quantize_pt2e import prepare_qat_pt2e
 
         fuse_bn = check_qat_mode(self.qat_mode, who) == "fuse_bn"
@@ -295,6 +299,7 @@ class QAT2Quantize:
         self.convert_mode = check_convert_mode(convert_mode, type(self).__name__)
 
     def __call__(self, model: nn.Module) -> nn.Module:
+        import_torchao()
         from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e
 
         who = type(self).__name__

@@ -18,6 +18,7 @@ from torch import nn
 
 from hat_ignite.errors import CheckpointError
 from hat_ignite.quantization.capture import export_module, model_args
+from hat_ignite.quantization.torchao_import import import_torchao
 
 __all__ = ["save_quantized_model", "load_quantized_model", "file_sha256", "tensor_bytes"]
 
@@ -109,7 +110,7 @@ def load_quantized_model(path: PathLike) -> nn.Module:
             f"int8 model {path} does not exist. It is written by the int_infer stage "
             f"(hat-predict CONFIG --stage int_infer) or by save_quantized_model()."
         )
-    import torchao.quantization.pt2e  # noqa: F401  (registers the quantize/dequantize ops)
+    import_torchao()  # registers the quantize/dequantize ops
     from torchao.quantization.pt2e import allow_exported_model_train_eval
 
     try:

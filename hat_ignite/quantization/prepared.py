@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from hat_ignite.errors import QuantizationError
+from hat_ignite.quantization.torchao_import import import_torchao
 
 __all__ = ["STAGES", "PreparedModule", "prepared_modules", "observing"]
 
@@ -51,6 +52,7 @@ def _has_mode_ops(graph: nn.Module) -> bool:
 
 
 def _set_graph_mode(graph: nn.Module, train: bool) -> None:
+    import_torchao()
     from torchao.quantization.pt2e import move_exported_model_to_eval, move_exported_model_to_train
 
     (move_exported_model_to_train if train else move_exported_model_to_eval)(graph)

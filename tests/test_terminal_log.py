@@ -1,0 +1,110 @@
+"""hat-train on a real pseudo-terminal: log lines go around the tqdm bar, and no bar outlives the run."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pty
+import re
+import struct
+import subprocess
+import sys
+import termios
+import threading
+
+from conftest import DIGITS_CONFIG, ROOT
+
+LOG_LINE = re.compile(r"^\d\d:\d\d:\d\d (INFO|WARNING|ERROR) [\w.]+: \S")
+BAR_TEXT = re.compile(r"\d+/\d+ \[|it/s|s/it|\d+%\|")
+COLUMNS = 200
+
+
+def _screen(data: str) -> list[str]:
+    """What a terminal shows after ``data``: carriage returns, newlines, cursor-up and erase-line."""
+    lines = [""]
+    row = col = 0
+    i = 0
+    while i < len(data):
+        char = data[i]
+        if char == "\x1b":
+            match = re.match(r"\x1b\[([0-9;?]*)([A-Za-z])", data[i:])
+            if match:
+                args, command = match.groups()
+                if command == "A":
+                    row = max(row - int(args or 1), 0)
+                elif command == "B":
+                    row += int(args or 1)
+                    lines.extend([""] * (row + 1 - len(lines)))
+                elif command == "K":
+                    lines[row] = lines[row][:col] if args in ("", "0") else ""
+                i += len(match.group(0))
+                continue
+        if char == "\r":
+            col = 0
+        elif char == "\n":
+            row, col = row + 1, 0
+            lines.extend([""] * (row + 1 - len(lines)))
+        elif char >= " ":
+            line = lines[row].ljust(col)
+            lines[row] = line[:col] + char + line[col + 1:]
+            col += 1
+        i += 1
+    return [line.rstrip() for line in lines if line.strip()]
+
+
+def _run_on_a_terminal(tmp_path, *args: str) -> tuple[int, list[str], str]:
+    controller, terminal = pty.openpty()
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 50, COLUMNS, 0, 0))
+    cmd = [sys.executable, str(ROOT / "bin" / "hat-train"), *args]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=terminal, stderr=terminal)
+    os.close(terminal)
+    chunks: list[bytes] = []
+
+    def drain() -> None:
+        while True:
+            try:
+                data = os.read(controller, 4096)
+            except OSError:  # the terminal closed
+                return
+            if not data:
+                return
+            chunks.append(data)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    try:
+        code = proc.wait(timeout=240)
+    finally:
+        proc.kill()
+    reader.join(timeout=10)
+    os.close(controller)
+    raw = b"".join(chunks).decode("utf-8", "replace")
+    return code, _screen(raw), raw
+
+
+def test_log_lines_are_printed_whole_around_the_bar_and_no_bar_is_left(tmp_path):
+    code, screen, raw = _run_on_a_terminal(
+        tmp_path, str(DIGITS_CONFIG), "--work-dir", str(tmp_path / "wd"), "--opts", "float_trainer.num_epochs=2",
+    )
+    assert code == 0, "\n".join(screen[-20:])
+    assert "23/23" in raw and "loss=" in raw  # the bar was drawn, with the loss
+    for line in screen:  # every line on the screen is a whole log line: none was printed into the bar
+        assert LOG_LINE.match(line) and not BAR_TEXT.search(line), line
+    text = "\n".join(screen)
+    for expected in ("Epoch[0] done in", "Validation Epoch[0] accuracy=", "Validation Epoch[1] accuracy=", "done in "):
+        assert expected in text
+    assert screen[-1].split(": ", 1)[1].startswith("done in ")  # nothing drawn after the last line
+
+
+def test_an_error_is_reported_once_under_no_stale_bar(tmp_path):
+    bad = tmp_path / "bad_key.py"  # the training metrics read a batch key the batches do not have
+    bad.write_text(DIGITS_CONFIG.read_text().replace('accuracy.update(batch["labels"], logits)',
+                                                     'accuracy.update(batch["label"], logits)'))
+    code, screen, _ = _run_on_a_terminal(
+        tmp_path, str(bad), "--work-dir", str(tmp_path / "wd"), "--opts", "float_trainer.num_epochs=1",
+    )
+    assert code == 1
+    assert screen[-1].startswith("hat-train: error: training float_trainer failed at epoch_id=0, global_step_id=0: KeyError")
+    assert sum("'label'" in line for line in screen) == 1  # one message, not three
+    for line in screen[:-1]:
+        assert LOG_LINE.match(line) and not BAR_TEXT.search(line), line
