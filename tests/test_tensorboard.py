@@ -167,7 +167,83 @@ def _events_of(directory) -> list:
     return list(iter_events(path))  # checks every record's checksums
 
 
-# StepScalars' own tests: tests/test_tensorboard_scalars.py
+def test_step_scalars_are_in_the_file_at_once_and_flushed_after_flush_secs(tmp_path):
+    from tensorboardX import SummaryWriter
+
+    from hat_ignite.callbacks.tensorboard_scalars import StepScalars, direct_events_writer
+
+    writer = SummaryWriter(logdir=str(tmp_path))
+    try:
+        assert direct_events_writer(writer) is not None
+        scalars = StepScalars(writer, flush_secs=0.0)  # every flush reaches the disk
+        for step in range(3):
+            scalars.add("loss/cls", float(step), step)
+            scalars.add("lr/group_0", 0.5, step)
+            scalars.flush()
+        # written on the spot and flushed, while the writer is still open
+        assert read_scalars(str(tmp_path)) == {
+            "loss/cls": [(0, 0.0), (1, 1.0), (2, 2.0)], "lr/group_0": [(0, 0.5), (1, 0.5), (2, 0.5)],
+        }
+    finally:
+        writer.close()
+
+
+def test_step_scalars_and_queued_events_share_the_file_without_corrupting_it(tmp_path):
+    # add_scalar goes through tensorboardX's queue and logger thread while StepScalars writes the
+    # same file from this thread: every record must stay whole and every point arrive
+    from tensorboardX import SummaryWriter
+
+    from hat_ignite.callbacks.tensorboard_scalars import StepScalars
+
+    writer = SummaryWriter(logdir=str(tmp_path), max_queue=2)
+    scalars = StepScalars(writer)
+    for step in range(300):
+        writer.add_scalar("queued", float(step), step)
+        scalars.add("direct", float(-step), step)
+        scalars.flush()
+    writer.close()
+    events = _events_of(tmp_path)
+    assert events[0].file_version == "brain.Event:2"
+    found = read_scalars(str(tmp_path))
+    assert found["queued"] == [(s, float(s)) for s in range(300)]
+    assert found["direct"] == [(s, float(-s)) for s in range(300)]
+
+
+@pytest.mark.parametrize("writer_kwargs", [{"purge_step": 5}, {"write_to_disk": False}])
+def test_step_scalars_fall_back_to_the_writer_queue(tmp_path, writer_kwargs):
+    # a purge marker must reach the file before any new point; a writer without a file has no
+    # events writer: both take tensorboardX's own path
+    from tensorboardX import SummaryWriter
+
+    from hat_ignite.callbacks.tensorboard_scalars import StepScalars, direct_events_writer
+
+    writer = SummaryWriter(logdir=str(tmp_path), **writer_kwargs)
+    assert direct_events_writer(writer) is None
+    scalars = StepScalars(writer)
+    scalars.add("loss", 1.5, 7)
+    scalars.flush()
+    writer.close()
+    if writer_kwargs.get("write_to_disk") is False:
+        assert event_files(str(tmp_path)) == []
+    else:
+        events = _events_of(tmp_path)
+        assert [e.session_log.status for e in events if e.HasField("session_log")] == [1]  # START, at purge_step
+        assert read_scalars(str(tmp_path)) == {"loss": [(7, 1.5)]}
+
+
+def test_step_scalars_write_nothing_once_the_writer_is_closed(tmp_path):
+    from tensorboardX import SummaryWriter
+
+    from hat_ignite.callbacks.tensorboard_scalars import StepScalars
+
+    writer = SummaryWriter(logdir=str(tmp_path))
+    scalars = StepScalars(writer)
+    scalars.add("loss", 1.0, 0)
+    scalars.flush()
+    writer.close()
+    scalars.add("loss", 2.0, 1)
+    scalars.flush()  # no error, and the closed file is left as it was
+    assert read_scalars(str(tmp_path)) == {"loss": [(0, 1.0)]}
 
 
 def test_points_written_before_a_crash_are_in_the_file(tmp_path):

@@ -244,7 +244,7 @@ class TensorBoard(CallbackMixin):
         # second would write the same file. The suffix keeps them apart (and in start order).
         kwargs.setdefault("filename_suffix", f".{time.time_ns()}")
         self.writer = SummaryWriter(logdir=self.save_dir, **kwargs)
-        self._scalars = StepScalars(self.writer)
+        self._scalars = StepScalars(self.writer, kwargs.get("flush_secs"))
 
     def _close(self) -> None:
         if self.writer is not None:
