@@ -24,7 +24,7 @@ from hat_ignite.errors import ConfigError, HatIgniteError
 __all__ = [
     "CliError", "make_parser", "parse_arguments", "export_hat_environment", "use_hat_alias", "load_config",
     "build_stage", "run_main", "setup_logging", "attach_log_file", "teardown_logging",
-    "seed_everything", "WorkDir", "write_metrics", "describe_engine", "loss_value",
+    "seed_everything", "WorkDir", "write_metrics", "describe_engine", "loss_value", "command_line",
 ]
 
 logger = logging.getLogger("hat_ignite.cli")
@@ -91,9 +91,23 @@ def run_main(prog: str, body: Callable[[list[str]], int], argv: Sequence[str] | 
         print(f"{prog}: error: {text}{hint}", file=sys.stderr)
         return 1
     finally:
+        from hat_ignite.cli.workdir_lock import release_held_locks
+
+        release_held_locks()
         teardown_logging()
         if not alias_before and hat_alias_installed():
             uninstall_hat_alias()
+
+
+def command_line(prog: str, argv: Sequence[str]) -> str:
+    """``prog`` and ``argv`` as one shell-quoted line.
+
+    >>> command_line("hat-train", ["cfg.py", "--work-dir", "a b"])
+    "hat-train cfg.py --work-dir 'a b'"
+    """
+    import shlex
+
+    return " ".join([prog, *map(shlex.quote, argv)])
 
 
 def build_stage(cfg: Config, stage_key: str) -> Any:
@@ -229,11 +243,30 @@ class WorkDir:
         self.path = path
         self.existed = os.path.exists(path)
 
-    def create(self) -> None:
-        """Create the directory (no-op when it exists)."""
+    def create(self, lock_command: str | None = None) -> None:
+        """Create the directory (no-op when it exists).
+
+        Args:
+            lock_command: when given, take the work dir's lock for the rest of the command
+                (:mod:`hat_ignite.cli.workdir_lock`), recording this command line in it.
+
+        Raises:
+            CliError: the path is a file, the directory cannot be created, or another run
+                holds its lock (naming that run's process id and host).
+        """
         if os.path.exists(self.path) and not os.path.isdir(self.path):
             raise CliError(f"work dir {self.path} exists and is not a directory; pass another --work-dir.")
-        os.makedirs(self.path, exist_ok=True)
+        try:
+            os.makedirs(self.path, exist_ok=True)
+        except OSError as exc:
+            raise CliError(f"cannot create the work dir {self.path}: {exc.strerror or exc}.") from exc
+        if lock_command is not None:
+            from hat_ignite.cli.workdir_lock import hold_work_dir
+
+            try:
+                hold_work_dir(self.path, lock_command)
+            except OSError as exc:
+                raise CliError(f"{exc.strerror or exc}. Check the free space and permissions of the work dir.") from exc
 
     def discard(self) -> None:
         """Remove the directory if this run created it (anything inside is this run's)."""

@@ -30,6 +30,7 @@ from hat_ignite.cli.common import (
     WorkDir,
     attach_log_file,
     build_stage,
+    command_line,
     describe_engine,
     load_config,
     loss_value,
@@ -127,6 +128,34 @@ def _best_checkpoint(trainer: Any) -> dict[str, Any] | None:
     return None
 
 
+def _watch_start(trainer: Any) -> list[bool]:
+    """A flag set when the trainer's run starts (after resuming and loading, before the first batch)."""
+    from ignite.engine import Events
+
+    started = [False]
+
+    def mark(_engine: Any) -> None:
+        started[0] = True
+
+    trainer.add_event_handler(Events.STARTED, mark)
+    return started
+
+
+def _failure_message(trainer: Any, stage_key: str, exc: BaseException, started: bool, work_path: str) -> str:
+    """Say where training failed: before it started (loading, resuming), fetching a batch, or in a step."""
+    text = f"{type(exc).__name__}: {exc}"
+    if not started:
+        return f"{stage_key} did not start training (nothing was trained): {text}"
+    state = trainer.state
+    if state.batch is None:  # Ignite clears the batch before fetching the next one
+        where = (f"while fetching the batch of epoch_id={max(state.epoch - 1, 0)}, "
+                 f"global_step_id={state.iteration}")
+    else:
+        where = f"at epoch_id={max(state.epoch - 1, 0)}, global_step_id={max(state.iteration - 1, 0)}"
+    return (f"training {stage_key} failed {where}: {text} The log and any checkpoint saved so far are "
+            f"in {work_path}.")
+
+
 def _train(argv: Sequence[str]) -> int:
     parser = make_parser("hat-train", DESCRIPTION, argv)
     parser.add_argument(
@@ -162,9 +191,9 @@ def _train(argv: Sequence[str]) -> int:
         print(f"work dir: {work_path} (a dry run creates nothing)")
         return 0
 
-    work_dir.create()
-    attach_log_file(work_dir.file(f"{args.stage}_train.log"))
     main_process = is_main_process()  # rank 0 writes files and shows progress; every rank trains
+    work_dir.create(lock_command=command_line("hat-train", argv) if main_process else None)
+    attach_log_file(work_dir.file(f"{args.stage}_train.log"))
     if main_process:
         cfg.dump(work_dir.file(f"{args.stage}_train_config.py"))
     logger.info("config %s, stage %s, work dir %s", cfg.filename, stage_key, work_path)
@@ -174,16 +203,12 @@ def _train(argv: Sequence[str]) -> int:
         apply_resume(trainer, args.resume, cfg[stage_key], work_path)
     received, restore_signals = install_stop_signals(trainer)
     follow_launcher_signals(trainer)
+    started = _watch_start(trainer)
     start = time.perf_counter()
     try:
         trainer.fit()
     except Exception as exc:
-        state = trainer.state
-        raise CliError(
-            f"training {stage_key} failed at epoch_id={max(state.epoch - 1, 0)}, "
-            f"global_step_id={max(state.iteration - 1, 0)}: {type(exc).__name__}: {exc} "
-            f"The log and any checkpoint saved so far are in {work_path}."
-        ) from exc
+        raise CliError(_failure_message(trainer, stage_key, exc, started[0], work_path)) from exc
     finally:
         if not received:  # after a signal, a second one must still exit at once, up to the process's end
             restore_signals()
