@@ -25,6 +25,7 @@ __all__ = [
     "CliError", "make_parser", "parse_arguments", "export_hat_environment", "use_hat_alias", "load_config",
     "build_stage", "run_main", "setup_logging", "attach_log_file", "teardown_logging",
     "seed_everything", "WorkDir", "write_metrics", "describe_engine", "loss_value", "command_line",
+    "log_file_failures", "dump_config",
 ]
 
 logger = logging.getLogger("hat_ignite.cli")
@@ -76,8 +77,15 @@ def run_main(prog: str, body: Callable[[list[str]], int], argv: Sequence[str] | 
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args
     alias_before = hat_alias_installed()  # a command run from Python leaves the import hook as it found it
+    log_file_failures()
     try:
-        return body(args)
+        code = body(args)
+        failed = log_file_failures()
+        if code == 0 and failed:
+            print(f"{prog}: error: the run finished but its log could not be written: {'; '.join(failed)}. "
+                  f"Free space for the work dir and look at the console output for the log.", file=sys.stderr)
+            return 1
+        return code
     except SystemExit as exc:  # argparse: --help (0) and usage errors (2)
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     except KeyboardInterrupt:
@@ -147,6 +155,58 @@ class _Buffer(logging.Handler):
         self.records.append(record)
 
 
+class _LogFile(logging.FileHandler):
+    """The run's log file; a failed write (a full disk) is reported once, on stderr, naming the file.
+
+    After the first failure the file is no longer written (the console log goes on) and
+    :func:`log_file_failures` lists it, so that the command ends with a non-zero exit code
+    instead of printing a logging error for every record.
+    """
+
+    failures: list[str] = []  # "path: reason" of every log file that failed in this process
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        exc = sys.exc_info()[1]
+        reason = (exc.strerror or str(exc)) if isinstance(exc, OSError) else f"{type(exc).__name__}: {exc}"
+        if not isinstance(exc, OSError):  # a record that cannot be formatted: logging's own report
+            super().handleError(record)
+            return
+        _LogFile.failures.append(f"{self.baseFilename}: {reason}")
+        print(f"error: cannot write the log file {self.baseFilename}: {reason}. It is no longer written; the "
+              f"log goes on on the console only.", file=sys.stderr, flush=True)
+        self._drop()
+
+    def _drop(self) -> None:
+        """Stop writing: detach the handler; what is still buffered goes to the null device."""
+        logging.getLogger().removeHandler(self)
+        stream, self.stream = self.stream, None  # type: ignore[assignment]
+        if stream is None:
+            return
+        try:
+            null = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(null, stream.fileno())  # closing the stream then flushes into nothing, quietly
+            finally:
+                os.close(null)
+            stream.close()
+        except (OSError, ValueError):
+            pass
+
+    def close(self) -> None:
+        try:
+            super().close()
+        except (OSError, ValueError) as exc:
+            _LogFile.failures.append(f"{self.baseFilename}: {getattr(exc, 'strerror', None) or exc}")
+            print(f"error: cannot write the end of the log file {self.baseFilename}: "
+                  f"{getattr(exc, 'strerror', None) or exc}.", file=sys.stderr, flush=True)
+
+
+def log_file_failures() -> list[str]:
+    """The log files that could not be written in this process (``"path: reason"``), and forget them."""
+    failed, _LogFile.failures = _LogFile.failures, []
+    return failed
+
+
 _OWN = "_hat_ignite_cli"  # marks the handlers a command adds, so it removes exactly those
 
 
@@ -186,7 +246,11 @@ def attach_log_file(path: str) -> None:
     buffers = [h for h in root.handlers if isinstance(h, _Buffer)]
     if _rank() != 0:
         return
-    handler = logging.FileHandler(path, mode="a", encoding="utf-8")
+    try:
+        handler = _LogFile(path, mode="a", encoding="utf-8")
+    except OSError as exc:
+        raise CliError(f"cannot open the log file {path}: {exc.strerror or exc}. Check the free space and "
+                       f"permissions of the work dir.") from exc
     handler.setFormatter(logging.Formatter(_FORMAT))
     for buf in buffers:
         for record in buf.records:
@@ -200,7 +264,10 @@ def teardown_logging() -> None:
     root = logging.getLogger()
     for handler in [h for h in root.handlers if getattr(h, _OWN, False)]:
         root.removeHandler(handler)
-        handler.close()
+        try:
+            handler.close()
+        except (OSError, ValueError):  # a console that went away; a log file reports its own failure
+            pass
     level = getattr(root, _OWN + "_level", None)
     if level is not None:
         root.setLevel(level)
@@ -299,13 +366,40 @@ def write_metrics(path: str, key: str, record: Mapping[str, Any]) -> None:
         except (OSError, ValueError) as exc:
             logger.warning("%s is unreadable (%s); writing a new one", path, exc)
     data[key] = _finite(dict(record))
+    text = json.dumps(data, indent=2, sort_keys=True, default=str, allow_nan=False) + "\n"
     tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2, sort_keys=True, default=str, allow_nan=False)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        raise CliError(
+            f"cannot write {path}: {exc.strerror or exc}; the previous {os.path.basename(path)} (if any) is "
+            f"unchanged. Check the free space and permissions of {os.path.dirname(path)}."
+        ) from exc
+
+
+def dump_config(cfg: Config, path: str) -> None:
+    """Write the resolved config to ``path``; a failed write names the file and leaves none behind.
+
+    Raises:
+        CliError: the file cannot be written (a full or read-only disk).
+    """
+    try:
+        cfg.dump(path)
+    except OSError as exc:
+        try:
+            os.remove(f"{path}.tmp{os.getpid()}")  # Config.dump's temporary file; the old copy is kept
+        except OSError:
+            pass
+        raise CliError(f"cannot write the resolved config {path}: {exc.strerror or exc}. Check the free space "
+                       f"and permissions of {os.path.dirname(path)}.") from exc
 
 
 def _finite(value: Any) -> Any:

@@ -25,6 +25,7 @@ from hat_ignite.cli.common import (
     build_stage,
     command_line,
     describe_engine,
+    dump_config,
     load_config,
     export_hat_environment,
     make_parser,
@@ -108,7 +109,7 @@ def _predict(argv: Sequence[str]) -> int:
 
     work_dir.create(lock_command=command_line("hat-predict", argv))
     attach_log_file(work_dir.file(f"{args.stage}_predict.log"))
-    cfg.dump(work_dir.file(f"{args.stage}_predict_config.py"))
+    dump_config(cfg, work_dir.file(f"{args.stage}_predict_config.py"))
     start = time.perf_counter()
     try:
         predictor.fit()

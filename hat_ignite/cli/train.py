@@ -32,6 +32,7 @@ from hat_ignite.cli.common import (
     build_stage,
     command_line,
     describe_engine,
+    dump_config,
     load_config,
     loss_value,
     export_hat_environment,
@@ -52,6 +53,7 @@ from hat_ignite.cli.distributed import (
 )
 from hat_ignite.cli.resume import add_resume_argument, apply_resume, install_stop_signals, stop_report
 from hat_ignite.cli.stages import check_stage_inputs, record_lineage
+from hat_ignite.cli.write_errors import close_event_writers, write_error_text
 
 __all__ = ["main"]
 
@@ -143,7 +145,7 @@ def _watch_start(trainer: Any) -> list[bool]:
 
 def _failure_message(trainer: Any, stage_key: str, exc: BaseException, started: bool, work_path: str) -> str:
     """Say where training failed: before it started (loading, resuming), fetching a batch, or in a step."""
-    text = f"{type(exc).__name__}: {exc}"
+    text = write_error_text(exc)
     if not started:
         return f"{stage_key} did not start training (nothing was trained): {text}"
     state = trainer.state
@@ -195,7 +197,7 @@ def _train(argv: Sequence[str]) -> int:
     work_dir.create(lock_command=command_line("hat-train", argv) if main_process else None)
     attach_log_file(work_dir.file(f"{args.stage}_train.log"))
     if main_process:
-        cfg.dump(work_dir.file(f"{args.stage}_train_config.py"))
+        dump_config(cfg, work_dir.file(f"{args.stage}_train_config.py"))
     logger.info("config %s, stage %s, work dir %s", cfg.filename, stage_key, work_path)
     if main_process:
         _attach_progress(trainer)
@@ -208,6 +210,7 @@ def _train(argv: Sequence[str]) -> int:
     try:
         trainer.fit()
     except Exception as exc:
+        close_event_writers(trainer)  # a full disk: tensorboardX's exit hook must not fail again
         raise CliError(_failure_message(trainer, stage_key, exc, started[0], work_path)) from exc
     finally:
         if not received:  # after a signal, a second one must still exit at once, up to the process's end
@@ -216,13 +219,25 @@ def _train(argv: Sequence[str]) -> int:
     # a rank of a multi-process run may stop because another rank (or the launcher) got the signal
     signum = trainer.stop_code if trainer.stopped_by is not None else (received[0] if received else None)
     record["stopped_by_signal"] = signum is not None
+    try:
+        return _finish(trainer, args, argv, cfg, inputs, work_dir, record, signum, main_process)
+    except CliError as exc:  # a full disk at the end: say that the training itself is complete
+        saved = "stopped" if signum is not None else "finished"
+        raise CliError(f"training {stage_key} {saved} and its checkpoints are saved, but {exc}") from exc
+
+
+def _finish(trainer: Any, args: Any, argv: Sequence[str], cfg: Any, inputs: list[str], work_dir: WorkDir,
+            record: dict[str, Any], signum: int | None, main_process: bool) -> int:
+    """Write metrics.json, the curves and the lineage; report a stop."""
+    work_path = work_dir.path
     if main_process:
         write_metrics(work_dir.file("metrics.json"), f"{args.stage}_train", record)
+    if signum is not None:
+        logger.info("training curves not drawn after a stop (hat-curves %s draws them)", work_path)
+        return stop_report(trainer, signum, argv, work_path)
     from hat_ignite.cli.curves import write_run_curves
 
     write_run_curves(trainer, work_path)
-    if signum is not None:
-        return stop_report(trainer, signum, argv, work_path)
     output = (record["best"] or {}).get("checkpoint") or cfg.get(f"{args.stage}_checkpoint")
     if main_process:
         record_lineage(
