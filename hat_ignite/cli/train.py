@@ -13,6 +13,13 @@ the ``Checkpoint`` callback writes a resumable checkpoint, ``metrics.json`` is w
 reach every process, one rank, or only the launching process: all ranks stop after the same
 step and the job exits the same way (see :mod:`hat_ignite.cli.distributed`).
 
+Only one run at a time writes into a work dir: rank 0 takes the work dir's lock before writing
+anything into it, and a second run into a busy work dir exits at once naming the other run's
+process id and host (see :mod:`hat_ignite.cli.workdir_lock`). A file that cannot be written (a
+full disk) is named in the error and no temporary file is left (see
+:mod:`hat_ignite.cli.write_errors`); after a signal the end-of-training validation and the curves
+are skipped, so the process exits as soon as the checkpoint is safe.
+
 HAT's ``tools/train.py`` command line works as it is: ``hat-train -c CONFIG -s float --opts KEY
 VALUE ...`` (see ``docs/hat-migration.md``); the config may import from ``hat.*`` unless
 ``--no-hat-alias`` is given.
