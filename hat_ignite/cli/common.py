@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence
 
 from hat_ignite.cli.arguments import export_hat_environment, make_parser, parse_arguments, use_hat_alias
 from hat_ignite.cli.describe import describe_engine
+from hat_ignite.cli.write_errors import LogFile, log_file_failures
 from hat_ignite.config import Config
 from hat_ignite.errors import ConfigError, HatIgniteError
 
@@ -155,58 +156,6 @@ class _Buffer(logging.Handler):
         self.records.append(record)
 
 
-class _LogFile(logging.FileHandler):
-    """The run's log file; a failed write (a full disk) is reported once, on stderr, naming the file.
-
-    After the first failure the file is no longer written (the console log goes on) and
-    :func:`log_file_failures` lists it, so that the command ends with a non-zero exit code
-    instead of printing a logging error for every record.
-    """
-
-    failures: list[str] = []  # "path: reason" of every log file that failed in this process
-
-    def handleError(self, record: logging.LogRecord) -> None:
-        exc = sys.exc_info()[1]
-        reason = (exc.strerror or str(exc)) if isinstance(exc, OSError) else f"{type(exc).__name__}: {exc}"
-        if not isinstance(exc, OSError):  # a record that cannot be formatted: logging's own report
-            super().handleError(record)
-            return
-        _LogFile.failures.append(f"{self.baseFilename}: {reason}")
-        print(f"error: cannot write the log file {self.baseFilename}: {reason}. It is no longer written; the "
-              f"log goes on on the console only.", file=sys.stderr, flush=True)
-        self._drop()
-
-    def _drop(self) -> None:
-        """Stop writing: detach the handler; what is still buffered goes to the null device."""
-        logging.getLogger().removeHandler(self)
-        stream, self.stream = self.stream, None  # type: ignore[assignment]
-        if stream is None:
-            return
-        try:
-            null = os.open(os.devnull, os.O_WRONLY)
-            try:
-                os.dup2(null, stream.fileno())  # closing the stream then flushes into nothing, quietly
-            finally:
-                os.close(null)
-            stream.close()
-        except (OSError, ValueError):
-            pass
-
-    def close(self) -> None:
-        try:
-            super().close()
-        except (OSError, ValueError) as exc:
-            _LogFile.failures.append(f"{self.baseFilename}: {getattr(exc, 'strerror', None) or exc}")
-            print(f"error: cannot write the end of the log file {self.baseFilename}: "
-                  f"{getattr(exc, 'strerror', None) or exc}.", file=sys.stderr, flush=True)
-
-
-def log_file_failures() -> list[str]:
-    """The log files that could not be written in this process (``"path: reason"``), and forget them."""
-    failed, _LogFile.failures = _LogFile.failures, []
-    return failed
-
-
 _OWN = "_hat_ignite_cli"  # marks the handlers a command adds, so it removes exactly those
 
 
@@ -247,7 +196,7 @@ def attach_log_file(path: str) -> None:
     if _rank() != 0:
         return
     try:
-        handler = _LogFile(path, mode="a", encoding="utf-8")
+        handler = LogFile(path, mode="a", encoding="utf-8")
     except OSError as exc:
         raise CliError(f"cannot open the log file {path}: {exc.strerror or exc}. Check the free space and "
                        f"permissions of the work dir.") from exc

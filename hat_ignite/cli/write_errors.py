@@ -4,7 +4,8 @@ A full disk makes ``write()`` or ``flush()`` fail with ``OSError: [Errno 28] No 
 device`` (``EFBIG`` past a file-size limit, ``EROFS`` on a read-only mount) and the error names no
 file when it comes from a buffered stream. :func:`failed_file` finds the file from the failing
 call's frames; :func:`close_event_writers` shuts the TensorBoard writers of a failed run down so
-that tensorboardX's exit hook does not fail again on the same file.
+that tensorboardX's exit hook does not fail again on the same file; :class:`LogFile`, the run's
+log file, reports its first failed write once instead of a logging error per record.
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ from __future__ import annotations
 import io
 import logging
 import os
+import sys
 from types import TracebackType
 from typing import Any
 
-__all__ = ["failed_file", "close_event_writers", "write_error_text"]
+__all__ = ["failed_file", "close_event_writers", "write_error_text", "LogFile", "log_file_failures"]
 
 logger = logging.getLogger("hat_ignite.cli")
 
@@ -127,3 +129,55 @@ def close_event_writers(trainer: Any) -> None:
             if hasattr(event_writer, "_closed"):
                 event_writer._closed = True  # tensorboardX's exit hook skips a closed writer
         cb.writer = None
+
+
+class LogFile(logging.FileHandler):
+    """The run's log file; a failed write (a full disk) is reported once, on stderr, naming the file.
+
+    After the first failure the file is no longer written (the console log goes on) and
+    :func:`log_file_failures` lists it, so that the command ends with a non-zero exit code
+    instead of printing a logging error for every record.
+    """
+
+    failures: list[str] = []  # "path: reason" of every log file that failed in this process
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        exc = sys.exc_info()[1]
+        reason = (exc.strerror or str(exc)) if isinstance(exc, OSError) else f"{type(exc).__name__}: {exc}"
+        if not isinstance(exc, OSError):  # a record that cannot be formatted: logging's own report
+            super().handleError(record)
+            return
+        LogFile.failures.append(f"{self.baseFilename}: {reason}")
+        print(f"error: cannot write the log file {self.baseFilename}: {reason}. It is no longer written; the "
+              f"log goes on on the console only.", file=sys.stderr, flush=True)
+        self._drop()
+
+    def _drop(self) -> None:
+        """Stop writing: detach the handler; what is still buffered goes to the null device."""
+        logging.getLogger().removeHandler(self)
+        stream, self.stream = self.stream, None  # type: ignore[assignment]
+        if stream is None:
+            return
+        try:
+            null = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(null, stream.fileno())  # closing the stream then flushes into nothing, quietly
+            finally:
+                os.close(null)
+            stream.close()
+        except (OSError, ValueError):
+            pass
+
+    def close(self) -> None:
+        try:
+            super().close()
+        except (OSError, ValueError) as exc:
+            LogFile.failures.append(f"{self.baseFilename}: {getattr(exc, 'strerror', None) or exc}")
+            print(f"error: cannot write the end of the log file {self.baseFilename}: "
+                  f"{getattr(exc, 'strerror', None) or exc}.", file=sys.stderr, flush=True)
+
+
+def log_file_failures() -> list[str]:
+    """The log files that could not be written in this process (``"path: reason"``), and forget them."""
+    failed, LogFile.failures = LogFile.failures, []
+    return failed
