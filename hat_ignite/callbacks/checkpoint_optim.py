@@ -123,6 +123,9 @@ def load_optimizer_state(
         path: the checkpoint's path, named in errors.
         saved_type: the optimizer class name the checkpoint records (``None``: not recorded).
 
+    An optimizer that is not a ``torch.optim.Optimizer`` (a wrapper of its own) is only loaded,
+    its errors named.
+
     Raises:
         CheckpointError: names ``path`` and the difference. The optimizer may hold part of the
             refused state afterwards: the run must not go on with it.
@@ -132,6 +135,12 @@ def load_optimizer_state(
         raise _refuse(path, f"belongs to {saved_type}, but this run's optimizer is {own_type}")
     if not isinstance(saved, Mapping):
         raise _refuse(path, f"is a {type(saved).__name__}, not an optimizer state dict")
+    if not isinstance(optimizer, torch.optim.Optimizer):  # a wrapper of its own: only its load is checked
+        try:
+            optimizer.load_state_dict(saved)
+        except (ValueError, KeyError, RuntimeError, TypeError) as exc:
+            raise _refuse(path, f"does not load into this run's {own_type} ({type(exc).__name__}: {exc})") from exc
+        return
     _check_groups(optimizer, saved, path)
     try:
         optimizer.load_state_dict(saved)
