@@ -51,7 +51,7 @@ def _read_until(proc: subprocess.Popen, text: str, lines: list[str]) -> None:
 def test_a_second_run_into_a_busy_work_dir_is_refused_and_the_first_finishes_unharmed(tmp_path):
     config = write_config(tmp_path)
     work_dir = tmp_path / "wd"
-    first = popen_train(config, work_dir, env={"STEP_SLEEP": "0.7"})
+    first = popen_train(config, work_dir, env={"STEP_SLEEP": "1.0"})
     lines: list[str] = []
     try:
         _read_until(first, "Saved checkpoint", lines)  # the first run is training and has saved
@@ -70,6 +70,24 @@ def test_a_second_run_into_a_busy_work_dir_is_refused_and_the_first_finishes_unh
     log = (work_dir / "float_train.log").read_text()
     assert log.count("stage float_trainer, work dir") == 1  # the refused run never wrote into the log
     assert not (work_dir / LOCK_FILE).exists()  # released at the end
+
+
+def test_in_a_two_process_run_rank_0_holds_the_lock_for_the_job(tmp_path):
+    config = write_config(tmp_path)
+    work_dir = tmp_path / "wd"
+    job = popen_train(config, work_dir, "--nproc", "2", env={"STEP_SLEEP": "1.0"})
+    lines: list[str] = []
+    try:
+        _read_until(job, "Saved checkpoint", lines)
+        holder = json.loads((work_dir / LOCK_FILE).read_text())
+        second = _hat_train(str(config), "--work-dir", str(work_dir), cwd=tmp_path)
+        rest = job.communicate(timeout=120)[1]
+    finally:
+        job.kill()
+    assert holder["pid"] != job.pid and "--nproc 2" in holder["command"]  # a started rank, not the launcher
+    assert second.returncode == 1 and f"is in use by process {holder['pid']} on host" in second.stderr, second.stderr
+    assert job.returncode == 0, ("".join(lines) + rest)[-3000:]
+    assert not (work_dir / LOCK_FILE).exists()
 
 
 def test_a_lock_left_by_a_dead_process_is_taken_over_with_a_warning(tmp_path, caplog):
