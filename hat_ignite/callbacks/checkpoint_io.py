@@ -207,8 +207,35 @@ def atomic_link(src: PathLike, dst: PathLike) -> str:
 
 
 # -- verified loading ------------------------------------------------------------------------
+def _torch_detail(exc: Exception) -> str:
+    """The substance of a ``torch.load`` error, without torch's advice to load unsafely.
+
+    torch's weights-only refusal starts with a paragraph suggesting ``weights_only=False``;
+    for a file that is not a checkpoint that advice is wrong and for any file it is unsafe.
+
+    >>> _torch_detail(ValueError("Weights only load failed. Re-running `torch.load` with `weights_only` "
+    ...     "set to `False` will likely succeed.\\nPlease file an issue: WeightsUnpickler error: \\n\\n"
+    ...     "Unsupported operand 16\\n\\nCheck the documentation."))
+    'Unsupported operand 16'
+    >>> _torch_detail(RuntimeError("PytorchStreamReader failed reading zip archive\\nmore"))
+    'PytorchStreamReader failed reading zip archive'
+    """
+    text = str(exc).strip()
+    if not text:
+        return type(exc).__name__
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if "weights only load failed" in lines[0].lower():
+        marker = next((i for i, line in enumerate(lines) if "WeightsUnpickler error:" in line), None)
+        if marker is not None:
+            inline = lines[marker].split("WeightsUnpickler error:", 1)[1].strip()
+            rest = lines[marker + 1:marker + 2]
+            return inline or (rest[0] if rest else "refused by the weights-only unpickler")
+        return "refused by the weights-only unpickler"
+    return lines[0]
+
+
 def _load_error(path: str, exc: Exception) -> CheckpointError:
-    detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    detail = _torch_detail(exc)
     refused = next(
         (line.strip() for line in str(exc).splitlines() if "unsupported global" in line.lower()), None
     ) if isinstance(exc, pickle.UnpicklingError) else None

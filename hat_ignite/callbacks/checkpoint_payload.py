@@ -10,6 +10,7 @@ hat_ignite_format   format version (int)
 epoch, step         the 0-based ``epoch_id`` / ``global_step_id`` the saving hook received
 state_dict          model weights (``.module`` of a DDP/DataParallel model)
 optimizer           ``optimizer.state_dict()`` or None
+optimizer_type      the optimizer's class name (``"SGD"``), checked when the state is resumed
 grad_scaler         the batch processor's ``GradScaler.state_dict()`` or None
 ema_state_dict      weights of ``loop.ema_model`` or None
 callbacks           ``{"ClassName": cb.state_dict()}`` for each stateful callback (a second
@@ -144,6 +145,7 @@ def training_state(loop: LoopBase, epoch_id: int, global_step_id: int) -> dict[s
         "step": int(global_step_id),
         "state_dict": plain_state_dict(loop.model),
         "optimizer": loop.optimizer.state_dict() if loop.optimizer is not None else None,
+        "optimizer_type": type(loop.optimizer).__name__ if loop.optimizer is not None else None,
         "grad_scaler": scaler.state_dict() if callable(getattr(scaler, "state_dict", None)) else None,
         "ema_state_dict": plain_state_dict(loop.ema_model) if loop.ema_model is not None else None,
         "callbacks": {key: cb.state_dict() for key, cb in stateful_callbacks(loop.callbacks)},

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from hat_ignite.callbacks.checkpoint_io import PathLike, load_checkpoint
+from hat_ignite.callbacks.checkpoint_optim import load_optimizer_state
 from hat_ignite.callbacks.checkpoint_payload import set_rng_state, stateful_callbacks, unwrap_model
 from hat_ignite.errors import CheckpointError
 
@@ -202,10 +203,7 @@ def _restore_optimizer(
     if ckpt.get("optimizer") is None or loop.optimizer is None:
         skipped.append("optimizer (the loop has none)" if loop.optimizer is None else "optimizer (none saved)")
     else:
-        try:
-            loop.optimizer.load_state_dict(ckpt["optimizer"])
-        except (ValueError, KeyError, RuntimeError) as exc:
-            raise _fail(path, "optimizer state", exc) from exc
+        load_optimizer_state(loop.optimizer, ckpt["optimizer"], path, ckpt.get("optimizer_type"))
         restored.append("optimizer")
     ensure = getattr(loop.batch_processor, "ensure_grad_scaler", None)
     if ckpt.get("grad_scaler") and callable(ensure):

@@ -72,7 +72,8 @@ class Validation(CallbackMixin):
         init_with_train_model: load ``val_model`` from the train (or EMA) model's
             ``state_dict`` before each validation; no effect without ``val_model``.
         strict_match: whether that ``load_state_dict`` requires the keys to match exactly.
-        val_on_train_end: also validate at ``on_loop_end`` (unless that point was just validated).
+        val_on_train_end: also validate at ``on_loop_end`` (unless that point was just validated,
+            or the run stopped on request, e.g. on SIGTERM: the resumed run validates).
         profiler: a profiler passed to the validation predictor.
         share_callbacks: whether every loader shares ``callbacks``.
         log_interval: the predictor logs its progress every ``log_interval`` steps (``0``: never).
@@ -266,6 +267,11 @@ class Validation(CallbackMixin):
         self, model: torch.nn.Module, ema_model: torch.nn.Module | None, device: Any, epoch_id: int,
         global_step_id: int, storage: dict[str, Any], val_metrics: Any = None, **kwargs: Any,
     ) -> None:
+        stopped_by = getattr(kwargs.get("loop"), "stopped_by", None)
+        if self.val_on_train_end and self._validated_at != global_step_id and stopped_by is not None:
+            logger.warning("Skipping the end-of-training validation: the run was stopped (%s) and its "
+                           "checkpoint is saved; the resumed run validates.", stopped_by)
+            return
         if self.val_on_train_end and self._validated_at != global_step_id:
             self.validate(model, ema_model, device, val_metrics, storage, epoch_id, global_step_id)
             self._validated_at = global_step_id

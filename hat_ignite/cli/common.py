@@ -18,13 +18,15 @@ from typing import Any, Callable, Sequence
 
 from hat_ignite.cli.arguments import export_hat_environment, make_parser, parse_arguments, use_hat_alias
 from hat_ignite.cli.describe import describe_engine
+from hat_ignite.cli.write_errors import LogFile, log_file_failures
 from hat_ignite.config import Config
 from hat_ignite.errors import ConfigError, HatIgniteError
 
 __all__ = [
     "CliError", "make_parser", "parse_arguments", "export_hat_environment", "use_hat_alias", "load_config",
     "build_stage", "run_main", "setup_logging", "attach_log_file", "teardown_logging",
-    "seed_everything", "WorkDir", "write_metrics", "describe_engine", "loss_value",
+    "seed_everything", "WorkDir", "write_metrics", "describe_engine", "loss_value", "command_line",
+    "log_file_failures", "dump_config",
 ]
 
 logger = logging.getLogger("hat_ignite.cli")
@@ -76,8 +78,15 @@ def run_main(prog: str, body: Callable[[list[str]], int], argv: Sequence[str] | 
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args
     alias_before = hat_alias_installed()  # a command run from Python leaves the import hook as it found it
+    log_file_failures()
     try:
-        return body(args)
+        code = body(args)
+        failed = log_file_failures()
+        if code == 0 and failed:
+            print(f"{prog}: error: the run finished but its log could not be written: {'; '.join(failed)}. "
+                  f"Free space for the work dir and look at the console output for the log.", file=sys.stderr)
+            return 1
+        return code
     except SystemExit as exc:  # argparse: --help (0) and usage errors (2)
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     except KeyboardInterrupt:
@@ -91,9 +100,23 @@ def run_main(prog: str, body: Callable[[list[str]], int], argv: Sequence[str] | 
         print(f"{prog}: error: {text}{hint}", file=sys.stderr)
         return 1
     finally:
+        from hat_ignite.cli.workdir_lock import release_held_locks
+
+        release_held_locks()
         teardown_logging()
         if not alias_before and hat_alias_installed():
             uninstall_hat_alias()
+
+
+def command_line(prog: str, argv: Sequence[str]) -> str:
+    """``prog`` and ``argv`` as one shell-quoted line.
+
+    >>> command_line("hat-train", ["cfg.py", "--work-dir", "a b"])
+    "hat-train cfg.py --work-dir 'a b'"
+    """
+    import shlex
+
+    return " ".join([prog, *map(shlex.quote, argv)])
 
 
 def build_stage(cfg: Config, stage_key: str) -> Any:
@@ -174,7 +197,11 @@ def attach_log_file(path: str) -> None:
     buffers = [h for h in root.handlers if isinstance(h, _Buffer)]
     if _rank() != 0:
         return
-    handler = logging.FileHandler(path, mode="a", encoding="utf-8")
+    try:
+        handler = LogFile(path, mode="a", encoding="utf-8")
+    except OSError as exc:
+        raise CliError(f"cannot open the log file {path}: {exc.strerror or exc}. Check the free space and "
+                       f"permissions of the work dir.") from exc
     handler.setFormatter(logging.Formatter(_FORMAT))
     for buf in buffers:
         for record in buf.records:
@@ -188,7 +215,10 @@ def teardown_logging() -> None:
     root = logging.getLogger()
     for handler in [h for h in root.handlers if getattr(h, _OWN, False)]:
         root.removeHandler(handler)
-        handler.close()
+        try:
+            handler.close()
+        except (OSError, ValueError):  # a console that went away; a log file reports its own failure
+            pass
     level = getattr(root, _OWN + "_level", None)
     if level is not None:
         root.setLevel(level)
@@ -231,11 +261,30 @@ class WorkDir:
         self.path = path
         self.existed = os.path.exists(path)
 
-    def create(self) -> None:
-        """Create the directory (no-op when it exists)."""
+    def create(self, lock_command: str | None = None) -> None:
+        """Create the directory (no-op when it exists).
+
+        Args:
+            lock_command: when given, take the work dir's lock for the rest of the command
+                (:mod:`hat_ignite.cli.workdir_lock`), recording this command line in it.
+
+        Raises:
+            CliError: the path is a file, the directory cannot be created, or another run
+                holds its lock (naming that run's process id and host).
+        """
         if os.path.exists(self.path) and not os.path.isdir(self.path):
             raise CliError(f"work dir {self.path} exists and is not a directory; pass another --work-dir.")
-        os.makedirs(self.path, exist_ok=True)
+        try:
+            os.makedirs(self.path, exist_ok=True)
+        except OSError as exc:
+            raise CliError(f"cannot create the work dir {self.path}: {exc.strerror or exc}.") from exc
+        if lock_command is not None:
+            from hat_ignite.cli.workdir_lock import hold_work_dir
+
+            try:
+                hold_work_dir(self.path, lock_command)
+            except OSError as exc:
+                raise CliError(f"{exc.strerror or exc}. Check the free space and permissions of the work dir.") from exc
 
     def discard(self) -> None:
         """Remove the directory if this run created it (anything inside is this run's)."""
@@ -268,13 +317,40 @@ def write_metrics(path: str, key: str, record: Mapping[str, Any]) -> None:
         except (OSError, ValueError) as exc:
             logger.warning("%s is unreadable (%s); writing a new one", path, exc)
     data[key] = _finite(dict(record))
+    text = json.dumps(data, indent=2, sort_keys=True, default=str, allow_nan=False) + "\n"
     tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2, sort_keys=True, default=str, allow_nan=False)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        raise CliError(
+            f"cannot write {path}: {exc.strerror or exc}; the previous {os.path.basename(path)} (if any) is "
+            f"unchanged. Check the free space and permissions of {os.path.dirname(path)}."
+        ) from exc
+
+
+def dump_config(cfg: Config, path: str) -> None:
+    """Write the resolved config to ``path``; a failed write names the file and leaves none behind.
+
+    Raises:
+        CliError: the file cannot be written (a full or read-only disk).
+    """
+    try:
+        cfg.dump(path)
+    except OSError as exc:
+        try:
+            os.remove(f"{path}.tmp{os.getpid()}")  # Config.dump's temporary file; the old copy is kept
+        except OSError:
+            pass
+        raise CliError(f"cannot write the resolved config {path}: {exc.strerror or exc}. Check the free space "
+                       f"and permissions of {os.path.dirname(path)}.") from exc
 
 
 def _finite(value: Any) -> Any:

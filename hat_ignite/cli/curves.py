@@ -9,6 +9,7 @@ leaves at the end of a run. See :mod:`hat_ignite.visualize.curves` for the panel
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import sys
@@ -20,6 +21,9 @@ __all__ = ["main", "write_run_curves"]
 
 logger = logging.getLogger("hat_ignite.cli.curves")
 
+#: A write that failed for want of space or permission: the run reports it as an error.
+_WRITE_ERRNOS = (errno.ENOSPC, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EDQUOT, errno.EPERM)
+
 DESCRIPTION = """Draw a run's training curves (loss, learning rate, metrics) into a PNG.
 
 WORK_DIR is the work dir of a run (or a TensorBoard save_dir, or one event file); the run must
@@ -30,8 +34,12 @@ def write_run_curves(trainer: Any, work_dir: str) -> str | None:
     """Draw ``<work_dir>/training_curves.png`` from the event files of ``trainer``'s TensorBoard callback.
 
     Called by ``hat-train`` when a run ends (rank 0). A trainer without a ``TensorBoard``
-    callback has nothing to draw; a failure to draw is logged as a warning and never fails
-    the run.
+    callback has nothing to draw; a failure to draw (no event file, no matplotlib) is logged as
+    a warning. A failure to write the PNG (a full or read-only disk) is an error naming the file;
+    the PNG is drawn into a temporary file and renamed, so it is never left half written.
+
+    Raises:
+        CliError: the PNG cannot be written.
 
     Returns:
         The PNG's path, or ``None`` when nothing was drawn.
@@ -48,13 +56,31 @@ def write_run_curves(trainer: Any, work_dir: str) -> str | None:
         return None
     from hat_ignite.visualize.curves import CURVES_FILE, draw_training_curves
 
+    path = os.path.join(work_dir, CURVES_FILE)
+    tmp = os.path.join(work_dir, f".tmp{os.getpid()}.{CURVES_FILE}")  # written whole, then renamed
     try:
-        curves = draw_training_curves(boards[0].save_dir, os.path.join(work_dir, CURVES_FILE))
-    except (OSError, ValueError, ImportError) as exc:
-        logger.warning("could not draw the training curves: %s", exc)
+        curves = draw_training_curves(boards[0].save_dir, tmp)
+        os.replace(tmp, path)
+    except OSError as exc:
+        _remove(tmp)
+        if exc.errno in _WRITE_ERRNOS:
+            raise CliError(f"cannot write the training curves {path}: {exc.strerror or exc}. Check the free "
+                           f"space and permissions of {work_dir}.") from exc
+        logger.warning("could not draw the training curves %s: %s", path, exc)
         return None
-    logger.info("training curves: %s (%d panels)", curves.path, len(curves.panels))
-    return curves.path
+    except (ValueError, ImportError) as exc:
+        _remove(tmp)
+        logger.warning("could not draw the training curves %s: %s", path, exc)
+        return None
+    logger.info("training curves: %s (%d panels)", path, len(curves.panels))
+    return path
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except OSError:
+        pass
 
 
 def _curves(argv: Sequence[str]) -> int:

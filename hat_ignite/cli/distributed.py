@@ -167,12 +167,16 @@ def _worker(device: Any, body: Callable[[list[str]], int], argv: list[str], exit
     _Worker.exit_box, _Worker.stop_box = exit_box, stop_box
     import ignite.distributed as idist
 
+    from hat_ignite.cli.workdir_lock import release_held_locks
+
     try:
         code = body(argv)
     except BaseException as exc:
         if idist.get_world_size() > 1:  # say which rank failed: only rank 0 logs
             print(f"hat-train (rank {idist.get_rank()}): error: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         raise
+    finally:
+        release_held_locks()  # rank 0 held the work dir's lock for the job
     if code in _STOP_EXITS and exit_box is not None:  # stopped by a signal, checkpoint saved
         with exit_box.get_lock():
             exit_box.value = max(exit_box.value, code)

@@ -23,7 +23,9 @@ from hat_ignite.cli.common import (
     WorkDir,
     attach_log_file,
     build_stage,
+    command_line,
     describe_engine,
+    dump_config,
     load_config,
     export_hat_environment,
     make_parser,
@@ -105,9 +107,9 @@ def _predict(argv: Sequence[str]) -> int:
         print(f"checkpoint: {ckpt}\nwork dir: {work_path} (a dry run creates nothing)")
         return 0
 
-    work_dir.create()
+    work_dir.create(lock_command=command_line("hat-predict", argv))
     attach_log_file(work_dir.file(f"{args.stage}_predict.log"))
-    cfg.dump(work_dir.file(f"{args.stage}_predict_config.py"))
+    dump_config(cfg, work_dir.file(f"{args.stage}_predict_config.py"))
     start = time.perf_counter()
     try:
         predictor.fit()

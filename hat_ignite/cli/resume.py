@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 
 __all__ = [
     "add_resume_argument", "apply_resume", "find_resume", "finished_run", "install_stop_signals", "resume_command",
-    "stop_report",
+    "saved_at", "stop_report",
 ]
 
 logger = logging.getLogger("hat_ignite.cli.train")
@@ -163,8 +163,29 @@ def apply_resume(trainer: Any, resume: str, stage_cfg: Mapping[str, Any], work_p
         else:
             setattr(trainer, flag, True)
     trainer.schedule_resume(_Resume(path, checkpoint))
-    logger.info("Resuming from %s (saved after global step %s).", path, checkpoint.get("step"))
+    logger.info("Resuming from %s (%s).", path, saved_at(checkpoint))
     return path
+
+
+def saved_at(checkpoint: Mapping[str, Any]) -> str:
+    """Where a checkpoint was saved, in the 0-based global step ids the log uses.
+
+    The ``step`` entry is the ``global_step_id`` the saving hook received, which at an epoch end
+    (and at the end of training) already counts the epoch's last step; ``progress.iteration``
+    is the number of steps done.
+
+    >>> saved_at({"step": 69, "progress": {"iteration": 69}})
+    'saved after global step 68, 69 steps done'
+    >>> saved_at({"step": 5})
+    'saved at global step 5'
+    """
+    progress = checkpoint.get("progress")
+    if isinstance(progress, Mapping) and isinstance(progress.get("iteration"), int):
+        done = int(progress["iteration"])
+        if done == 0:
+            return "saved before the first step"
+        return f"saved after global step {done - 1}, {done} steps done"
+    return f"saved at global step {checkpoint.get('step')}"
 
 
 def resume_command(argv: Sequence[str]) -> str:

@@ -13,6 +13,13 @@ the ``Checkpoint`` callback writes a resumable checkpoint, ``metrics.json`` is w
 reach every process, one rank, or only the launching process: all ranks stop after the same
 step and the job exits the same way (see :mod:`hat_ignite.cli.distributed`).
 
+Only one run at a time writes into a work dir: rank 0 takes the work dir's lock before writing
+anything into it, and a second run into a busy work dir exits at once naming the other run's
+process id and host (see :mod:`hat_ignite.cli.workdir_lock`). A file that cannot be written (a
+full disk) is named in the error and no temporary file is left (see
+:mod:`hat_ignite.cli.write_errors`); after a signal the end-of-training validation and the curves
+are skipped, so the process exits as soon as the checkpoint is safe.
+
 HAT's ``tools/train.py`` command line works as it is: ``hat-train -c CONFIG -s float --opts KEY
 VALUE ...`` (see ``docs/hat-migration.md``); the config may import from ``hat.*`` unless
 ``--no-hat-alias`` is given.
@@ -30,7 +37,9 @@ from hat_ignite.cli.common import (
     WorkDir,
     attach_log_file,
     build_stage,
+    command_line,
     describe_engine,
+    dump_config,
     load_config,
     loss_value,
     export_hat_environment,
@@ -59,6 +68,7 @@ from hat_ignite.cli.resume import (
     stop_report,
 )
 from hat_ignite.cli.stages import check_stage_inputs, record_lineage
+from hat_ignite.cli.write_errors import close_event_writers, write_error_text
 
 __all__ = ["main"]
 
@@ -122,6 +132,34 @@ def _best_checkpoint(trainer: Any) -> dict[str, Any] | None:
     return None
 
 
+def _watch_start(trainer: Any) -> list[bool]:
+    """A flag set when the trainer's run starts (after resuming and loading, before the first batch)."""
+    from ignite.engine import Events
+
+    started = [False]
+
+    def mark(_engine: Any) -> None:
+        started[0] = True
+
+    trainer.add_event_handler(Events.STARTED, mark)
+    return started
+
+
+def _failure_message(trainer: Any, stage_key: str, exc: BaseException, started: bool, work_path: str) -> str:
+    """Say where training failed: before it started (loading, resuming), fetching a batch, or in a step."""
+    text = write_error_text(exc)
+    if not started:
+        return f"{stage_key} did not start training (nothing was trained): {text}"
+    state = trainer.state
+    if state.batch is None:  # Ignite clears the batch before fetching the next one
+        where = (f"while fetching the batch of epoch_id={max(state.epoch - 1, 0)}, "
+                 f"global_step_id={state.iteration}")
+    else:
+        where = f"at epoch_id={max(state.epoch - 1, 0)}, global_step_id={max(state.iteration - 1, 0)}"
+    return (f"training {stage_key} failed {where}: {text} The log and any checkpoint saved so far are "
+            f"in {work_path}.")
+
+
 def _train(argv: Sequence[str]) -> int:
     parser = make_parser("hat-train", DESCRIPTION, argv)
     parser.add_argument(
@@ -163,27 +201,24 @@ def _train(argv: Sequence[str]) -> int:
         logger.info("the run in %s is already finished (%s; checkpoint %s): nothing to do. To train longer, "
                     "resume with a larger num_epochs/num_steps in --opts.", work_path, finished, found[0])
         return 0
-    work_dir.create()
-    attach_log_file(work_dir.file(f"{args.stage}_train.log"))
     main_process = is_main_process()  # rank 0 writes files and shows progress; every rank trains
+    work_dir.create(lock_command=command_line("hat-train", argv) if main_process else None)
+    attach_log_file(work_dir.file(f"{args.stage}_train.log"))
     if main_process:
-        cfg.dump(work_dir.file(f"{args.stage}_train_config.py"))
+        dump_config(cfg, work_dir.file(f"{args.stage}_train_config.py"))
     logger.info("config %s, stage %s, work dir %s", cfg.filename, stage_key, work_path)
     bar = _attach_progress(trainer) if main_process else None
     if args.resume:
         apply_resume(trainer, args.resume, cfg[stage_key], work_path, found=found)
     received, restore_signals = install_stop_signals(trainer)
     follow_launcher_signals(trainer)
+    started = _watch_start(trainer)
     start = time.perf_counter()
     try:
         trainer.fit()
     except Exception as exc:
-        state = trainer.state
-        raise CliError(
-            f"training {stage_key} failed at epoch_id={max(state.epoch - 1, 0)}, "
-            f"global_step_id={max(state.iteration - 1, 0)}: {type(exc).__name__}: {str(exc).rstrip('.')}. "
-            f"The log and any checkpoint saved so far are in {work_path}."
-        ) from exc
+        close_event_writers(trainer)  # a full disk: tensorboardX's exit hook must not fail again
+        raise CliError(_failure_message(trainer, stage_key, exc, started[0], work_path)) from exc
     finally:
         if bar is not None:  # before anything else is printed: no stale bar under the report
             bar.close()
@@ -193,13 +228,25 @@ def _train(argv: Sequence[str]) -> int:
     # a rank of a multi-process run may stop because another rank (or the launcher) got the signal
     signum = trainer.stop_code if trainer.stopped_by is not None else (received[0] if received else None)
     record["stopped_by_signal"] = signum is not None
+    try:
+        return _finish(trainer, args, argv, cfg, inputs, work_dir, record, signum, main_process)
+    except CliError as exc:  # a full disk at the end: say that the training itself is complete
+        saved = "stopped" if signum is not None else "finished"
+        raise CliError(f"training {stage_key} {saved} and its checkpoints are saved, but {exc}") from exc
+
+
+def _finish(trainer: Any, args: Any, argv: Sequence[str], cfg: Any, inputs: list[str], work_dir: WorkDir,
+            record: dict[str, Any], signum: int | None, main_process: bool) -> int:
+    """Write metrics.json, the curves and the lineage; report a stop."""
+    work_path = work_dir.path
     if main_process:
         write_metrics(work_dir.file("metrics.json"), f"{args.stage}_train", record)
+    if signum is not None:
+        logger.info("training curves not drawn after a stop (hat-curves %s draws them)", work_path)
+        return stop_report(trainer, signum, argv, work_path)
     from hat_ignite.cli.curves import write_run_curves
 
     write_run_curves(trainer, work_path)
-    if signum is not None:
-        return stop_report(trainer, signum, argv, work_path)
     output = (record["best"] or {}).get("checkpoint") or cfg.get(f"{args.stage}_checkpoint")
     if main_process:
         record_lineage(

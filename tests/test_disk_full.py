@@ -1,0 +1,146 @@
+"""A full disk at each writer of a run: the message names the file, no temporary file is left, the
+exit code is non-zero, and nothing prints a bare traceback or a logging error per record.
+
+The disk fills for real, as far as a process can see: ``RLIMIT_FSIZE`` set inside the process
+(``resource.setrlimit``, with ``SIGXFSZ`` ignored) makes every write that grows a file past the
+limit fail with ``EFBIG`` ("File too large"), the error a full disk gives as ``ENOSPC``, through
+the same code paths. The whole-run tests use the shipped digits config with one more callback,
+``LimitWrites``, which sets the limit at a chosen step (or at the loop's end, after the last
+checkpoint); the writers of the end of a run are also driven one by one in a subprocess.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+DIGITS = ROOT / "configs" / "classification" / "digits_mlp.py"
+
+LIMIT_WRITES = textwrap.dedent('''
+
+    import resource as _resource
+    import signal as _signal
+    from hat_ignite.callbacks import CallbackMixin
+
+
+    class LimitWrites(CallbackMixin):
+        """No file grows past LIMIT_BYTES from global step LIMIT_AT (or from the loop's end) on."""
+
+        def _limit(self):
+            _signal.signal(_signal.SIGXFSZ, _signal.SIG_IGN)
+            hard = _resource.getrlimit(_resource.RLIMIT_FSIZE)[1]
+            _resource.setrlimit(_resource.RLIMIT_FSIZE, (int(os.environ.get("LIMIT_BYTES", "0")), hard))
+
+        def on_step_begin(self, global_step_id, **kwargs):
+            if os.environ.get("LIMIT_AT") == str(global_step_id):
+                self._limit()
+
+        def on_loop_end(self, **kwargs):
+            if os.environ.get("LIMIT_AT") == "end":
+                self._limit()
+
+
+    _drop = os.environ.get("DROP_CALLBACKS", "").split(",")
+    float_trainer["callbacks"] = [LimitWrites()] + [c for c in float_trainer["callbacks"] if c["type"] not in _drop]
+''')
+
+
+@pytest.fixture
+def limited_config(tmp_path: pathlib.Path) -> pathlib.Path:
+    path = tmp_path / "digits_limited.py"
+    path.write_text(DIGITS.read_text() + LIMIT_WRITES)
+    return path
+
+
+def _train(config: pathlib.Path, work_dir: pathlib.Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "bin" / "hat-train"), str(config), "--work-dir", str(work_dir),
+         "--opts", "float_trainer.num_epochs=2"],
+        cwd=work_dir.parent, capture_output=True, text=True, timeout=180, env={**os.environ, **env},
+    )
+
+
+def _temp_files(work_dir: pathlib.Path) -> list[str]:
+    return [str(p) for p in work_dir.rglob("*") if ".tmp" in p.name]
+
+
+def _no_storm(err: str) -> None:
+    assert "Traceback" not in err and "Logging error" not in err and "Exception ignored" not in err, err[-3000:]
+
+
+def test_a_full_disk_at_the_end_of_a_run_names_metrics_json_and_the_log_once(limited_config, tmp_path):
+    work_dir = tmp_path / "wd"
+    done = _train(limited_config, work_dir, {"LIMIT_AT": "end", "DROP_CALLBACKS": "TensorBoard"})
+    assert done.returncode == 1
+    _no_storm(done.stderr)
+    assert done.stderr.count(f"error: cannot write the log file {work_dir / 'float_train.log'}: File too large") == 1
+    assert (f"hat-train: error: training float_trainer finished and its checkpoints are saved, but cannot write "
+            f"{work_dir / 'metrics.json'}: File too large") in done.stderr, done.stderr[-2000:]
+    assert _temp_files(work_dir) == []
+    assert not (work_dir / "metrics.json").exists()
+    assert (work_dir / "checkpoints" / "float-checkpoint-last.pth.tar").is_file()  # the work itself is safe
+
+
+def test_a_full_tensorboard_dir_names_the_event_file(limited_config, tmp_path):
+    work_dir = tmp_path / "wd"
+    done = _train(limited_config, work_dir, {"LIMIT_AT": "30", "DROP_CALLBACKS": "Checkpoint"})
+    assert done.returncode == 1
+    _no_storm(done.stderr)  # includes tensorboardX's exit hook, which would flush the full file again
+    events = list((work_dir / "tensorboard").glob("events.out.tfevents.*"))
+    assert len(events) == 1
+    assert (f"training float_trainer failed at epoch_id=1, global_step_id=45: OSError: [Errno 27] File too large "
+            f"(writing {events[0]})") in done.stderr, done.stderr[-2000:]
+    assert _temp_files(work_dir) == []
+
+
+END_WRITERS = textwrap.dedent('''
+    import os, resource, signal, sys
+    from hat_ignite.cli.common import CliError, dump_config
+    from hat_ignite.cli.curves import write_run_curves
+    from hat_ignite.cli.stages import record_lineage
+    from hat_ignite.config import Config
+
+    work, which, events = sys.argv[1], sys.argv[2], sys.argv[3]
+    cfg = Config.fromfile(os.path.join(work, "float_train_config.py"))
+
+    from types import SimpleNamespace
+    from hat_ignite.callbacks.tensorboard import TensorBoard
+    trainer = SimpleNamespace(callbacks=[TensorBoard(save_dir=events)])  # what write_run_curves reads
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (0, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+    try:
+        if which == "lineage":
+            record_lineage(work, "float", "hat-train", "cfg.py", os.path.join(work, "float_train_config.py"), [], [])
+        elif which == "config":
+            dump_config(cfg, os.path.join(work, "float_train_config.py"))
+        else:
+            write_run_curves(trainer, work)
+    except CliError as exc:
+        print(exc)
+        sys.exit(1)
+''')
+
+
+@pytest.mark.parametrize("which, name", [("lineage", "lineage.json"), ("config", "float_train_config.py"),
+                                         ("curves", "training_curves.png")])
+def test_each_end_of_run_writer_names_its_file_and_leaves_no_temp_file(tmp_path, which, name):
+    work_dir = tmp_path / "wd"
+    done = _train(DIGITS, work_dir, {})  # a complete run, to write over
+    assert done.returncode == 0, done.stderr[-2000:]
+    before = (work_dir / name).read_bytes()
+    script = tmp_path / "writer.py"
+    script.write_text(END_WRITERS)
+    run = subprocess.run([sys.executable, str(script), str(work_dir), which, str(work_dir / "tensorboard")],
+                         capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert run.returncode == 1, run.stdout + run.stderr[-2000:]
+    assert f"cannot write {'the resolved config ' if which == 'config' else 'the training curves ' if which == 'curves' else ''}" \
+           f"{work_dir / name}: File too large" in run.stdout, run.stdout
+    assert "Traceback" not in run.stderr
+    assert _temp_files(work_dir) == []
+    assert (work_dir / name).read_bytes() == before  # the previous file is kept whole
