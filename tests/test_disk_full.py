@@ -24,6 +24,7 @@ DIGITS = ROOT / "configs" / "classification" / "digits_mlp.py"
 
 LIMIT_WRITES = textwrap.dedent('''
 
+    import logging as _logging
     import resource as _resource
     import signal as _signal
     from hat_ignite.callbacks import CallbackMixin
@@ -44,6 +45,8 @@ LIMIT_WRITES = textwrap.dedent('''
         def on_loop_end(self, **kwargs):
             if os.environ.get("LIMIT_AT") == "end":
                 self._limit()
+                for _ in range(3):  # log lines the full disk refuses: reported once, not three times
+                    _logging.getLogger("hat_ignite.tests").info("the disk is full from here on")
 
 
     _drop = os.environ.get("DROP_CALLBACKS", "").split(",")
