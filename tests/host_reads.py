@@ -5,6 +5,8 @@ A host read is any call that makes the host wait for a tensor's value: ``.item()
 On a GPU each one drains the device's queue. :class:`HostReads` counts them through a
 ``TorchFunctionMode`` (every tensor method passes through it), per training iteration, with the
 line of the package that asked, so the same count on the CPU tells what a GPU run would wait for.
+``.to(device)`` is not counted: on the CPU a move to the compute device cannot be told from a
+read back to the host (the package reads values with ``.item()``/``.cpu()``, which are counted).
 """
 
 from __future__ import annotations
@@ -24,13 +26,6 @@ READS = {
 }
 
 
-def _is_cpu_move(func: Any, args: tuple, kwargs: dict) -> bool:
-    if func is not _T.to:
-        return False
-    target = [a for a in args[1:] if isinstance(a, (str, torch.device))] + [kwargs.get("device")]
-    return any(t is not None and torch.device(t).type == "cpu" for t in target)
-
-
 class HostReads(TorchFunctionMode):
     """Count host reads per ``iteration`` (set it from a STEP_BEGIN handler), with their callers."""
 
@@ -42,7 +37,7 @@ class HostReads(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in READS or _is_cpu_move(func, args, kwargs):
+        if func in READS:
             self.per_step[self.iteration] += 1
             frames = [f for f in traceback.extract_stack()[:-1] if "/hat_ignite/" in f.filename]
             caller = frames[-1] if frames else traceback.extract_stack()[-2]
@@ -53,6 +48,8 @@ class HostReads(TorchFunctionMode):
         """Follow ``engine``'s iterations (counted from 1, as Ignite's ``state.iteration``)."""
         from ignite.engine import Events
 
+        # Ignite fetches a step's batch before ITERATION_STARTED: the fetch counts for that step
+        engine.add_event_handler(Events.GET_BATCH_STARTED, lambda e: setattr(self, "iteration", e.state.iteration + 1))
         engine.add_event_handler(Events.ITERATION_STARTED, lambda e: setattr(self, "iteration", e.state.iteration))
         return self
 
