@@ -33,13 +33,17 @@ class Net(nn.Module):
         return nn.functional.cross_entropy(logits, y), logits
 
 
-def test_a_bare_trainer_with_the_default_guard_and_a_fused_optimizer_reads_nothing():
+def bare_trainer(steps: int) -> Trainer:
     torch.manual_seed(0)
     model = Net()
-    data = [(torch.randn(16, 8), torch.randint(0, 3, (16,))) for _ in range(40)]
-    trainer = Trainer(model=model, data_loader=data, device=None, num_epochs=1,
-                      optimizer=torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, fused=True),
-                      batch_processor=BasicBatchProcessor(need_grad_update=True, loss_collector=collect_loss_by_index(0)))
+    data = [(torch.randn(16, 8), torch.randint(0, 3, (16,))) for _ in range(steps)]
+    return Trainer(model=model, data_loader=data, device=None, num_epochs=1,
+                   optimizer=torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, fused=True),
+                   batch_processor=BasicBatchProcessor(need_grad_update=True, loss_collector=collect_loss_by_index(0)))
+
+
+def test_a_bare_trainer_with_the_default_guard_and_a_fused_optimizer_reads_nothing():
+    trainer = bare_trainer(40)
     reads = HostReads().attach(trainer)
     with reads:
         trainer.fit()
@@ -47,6 +51,18 @@ def test_a_bare_trainer_with_the_default_guard_and_a_fused_optimizer_reads_nothi
     assert reads.reads(range(6, 36)) == {}
     # the guard is on: a NaN would be caught (tests/test_nonfinite_device.py)
     assert trainer.batch_processor.nonfinite.device_flags is not None
+
+
+def test_the_progress_bar_reads_the_loss_every_20_steps(monkeypatch):
+    from hat_ignite.cli.train import _attach_progress
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # hat-train on a terminal: a tqdm bar
+    trainer = bare_trainer(45)
+    _attach_progress(trainer)
+    reads = HostReads().attach(trainer)
+    with reads:
+        trainer.fit()
+    assert sorted(reads.reads(range(2, 46))) == [20, 40]
 
 
 def test_a_non_fused_optimizer_keeps_the_blocking_check_and_says_so_once(caplog):

@@ -67,8 +67,13 @@ def _lr_of(trainer: Any) -> float | None:
     return float(groups[0]["lr"]) if groups else None
 
 
+#: The progress bar shows the loss and lr of every this many steps.
+_BAR_REFRESH = 20
+
+
 def _attach_progress(trainer: Any) -> None:
-    """Rank 0: a tqdm bar (loss, lr) when stderr is a terminal; otherwise a log line per epoch.
+    """Rank 0: a tqdm bar (loss, lr of every 20th step) when stderr is a terminal; otherwise a log
+    line per epoch.
 
     Steps are logged as well when the trainer's ``log_interval`` is set.
     """
@@ -80,9 +85,15 @@ def _attach_progress(trainer: Any) -> None:
     if sys.stderr.isatty():
         from ignite.handlers import ProgressBar
 
+        shown: dict[str, float] = {}
+
         def loss_and_lr(_output: Any) -> dict[str, float]:
-            shown = {"loss": loss_value(trainer.state.losses), "lr": _lr_of(trainer)}
-            return {k: v for k, v in shown.items() if v is not None}
+            # the loss is read (a host-device sync on a GPU) every _BAR_REFRESH steps, not every step
+            if not shown or trainer.state.iteration % _BAR_REFRESH == 0:
+                values = {"loss": loss_value(trainer.state.losses), "lr": _lr_of(trainer)}
+                shown.clear()
+                shown.update({k: v for k, v in values.items() if v is not None})
+            return shown
 
         ProgressBar(persist=True).attach(trainer, output_transform=loss_and_lr)
         return
