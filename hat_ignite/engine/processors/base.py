@@ -16,8 +16,11 @@ BasicBatchProcessor step still sees the previous update's gradients.
 
 The optimizer step (:meth:`BatchProcessorMixin._optimizer_step`), once per update::
 
-    OPTIMIZER_STEP_BEGIN -> finite-gradient check -> [GradScaler.unscale_ + clip by value / norm]
-    -> (scaler) step
+    OPTIMIZER_STEP_BEGIN -> finite check -> [GradScaler.unscale_ + clip by value / norm]
+    -> (scaler) step [-> read the finite flags of earlier updates: fused optimizers]
+
+With a fused optimizer the finite check sets a flag on the device the optimizer skips itself on,
+and the flag is read a step or more later (nonfinite_device.py); otherwise it reads the flag now.
 """
 
 from __future__ import annotations
@@ -269,9 +272,10 @@ class BatchProcessorMixin(ABC):
                 f"outputs of step {state.iteration - 1} (got {losses!r}). Check that the model "
                 f"returns its losses in training mode and that the collector's index or regex matches."
             )
-        # A CPU scalar is read for free, so check before the backward. On an accelerator the
-        # read waits for the device: check once the backward is queued, still before
-        # BACKWARD_END and the update (see docs/engine.md, "Non-finite losses").
+        # A fused optimizer: the loss is checked on the device with the gradients (nothing is
+        # read). Otherwise a CPU scalar is read for free, so check before the backward; on an
+        # accelerator the read waits for the device: check once the backward is queued, still
+        # before BACKWARD_END and the update (docs/engine.md, "Non-finite losses and gradients").
         total, check_after_backward = loss, self.check_finite_loss
         if check_after_backward and self.nonfinite.on_device(engine.optimizer, self.grad_scaler):
             self.nonfinite.note_loss(loss)  # checked on the device with the gradients, before the update

@@ -1,23 +1,28 @@
 """NaN / Inf guard of the batch processors: a non-finite loss or gradient never updates the model.
 
-:class:`NonFiniteGuard` is consulted twice per training step by
-:class:`~hat_ignite.engine.processors.base.BatchProcessorMixin`:
+:class:`NonFiniteGuard` works in one of two ways, chosen per optimizer (:meth:`NonFiniteGuard.on_device`):
 
-* :meth:`NonFiniteGuard.check_loss` after the losses are collected (before the backward on the
-  CPU, right after it on an accelerator, so the read does not stall the queue);
-* :meth:`NonFiniteGuard.allow_update` right before the optimizer step: it checks the gradients
-  (unless a ``GradScaler`` is active, which finds and skips fp16 overflow itself — that is the
-  scaler's normal work, not an error) and answers whether the step may run.
+* **on the device** for optimizers that skip an update themselves on a ``found_inf`` flag
+  (``fused=True``), without an enabled ``GradScaler``: each backward's loss is kept
+  (:meth:`NonFiniteGuard.note_loss`), the update's flags are set on the device
+  (:meth:`NonFiniteGuard.check_on_device`), the optimizer skips on them, and they are read a step
+  or more later (:meth:`NonFiniteGuard.after_step`, :meth:`NonFiniteGuard.flush`), see
+  :mod:`~hat_ignite.engine.processors.nonfinite_device`. No host read per step.
+* **blocking** otherwise: :meth:`NonFiniteGuard.check_loss` reads the loss after it is collected
+  (before the backward on the CPU, right after it on an accelerator) and
+  :meth:`NonFiniteGuard.allow_update` the gradients' flag right before the optimizer step (unless a
+  ``GradScaler`` is active, which finds and skips fp16 overflow itself: its normal work, not an
+  error), and answers whether the step may run.
 
 With ``policy="raise"`` (the default) the first non-finite value raises
 :class:`~hat_ignite.errors.NonFiniteLossError` naming the epoch, step, sub-batch and the loss
-keys or parameter names, before the optimizer update, so the parameters (and the optimizer's
-state) are those of the previous step. With ``policy="skip"`` the step's update is dropped
-instead, counted in ``engine.state.nonfinite_skipped`` and logged, and training goes on.
+values (and, blocking, the parameter names); the parameters (and the optimizer's state) are
+those of the step before. With ``policy="skip"`` the step's update is dropped instead, counted
+in ``engine.state.nonfinite_skipped`` and logged, and training goes on.
 
-Every decision goes through :func:`all_ranks_finite`, which all-reduces the flag when more
-than one process trains, so every rank raises or skips together instead of one rank leaving
-the others waiting in a collective.
+Every decision is the same on every rank: the flags are all-reduced when more than one process
+trains (:func:`all_ranks_finite` in the blocking way), so every rank raises or skips together
+instead of one rank leaving the others waiting in a collective.
 
 >>> guard = NonFiniteGuard(policy="skip")
 >>> guard.policy, guard.check_grad
