@@ -18,7 +18,7 @@ loading in the figures). The variants:
   ``MetricUpdater`` of ``LossShow`` and ``Accuracy``, and ``TensorBoard`` (every 50 steps);
 * ``lightning``: a ``LightningModule`` doing the raw step, when ``pytorch_lightning`` is installed.
 
-Every round runs each variant once, interleaved, for ``--steps`` timed steps after ``--warmup``
+After one untimed round, every round runs each variant once, interleaved (the order rotated each round), for ``--steps`` timed steps after ``--warmup``
 steps; each variant's figure is the median over rounds (and the range). Then, on CUDA, each
 variant runs its steady-state steps again under ``torch.cuda.set_sync_debug_mode("error")``,
 which raises at any synchronizing call: the log intervals are set past those steps, so the
@@ -269,8 +269,10 @@ def main(argv: list[str] | None = None) -> None:
     if "lightning" not in names:
         print("# pytorch_lightning is not installed: no Lightning row")
     figures: dict[str, list[float]] = {n: [] for n in names}
-    for _ in range(args.rounds):
-        for name in names:  # interleaved: every round runs each variant once
+    for name in names:  # an untimed round first: kernel selection and caches warm for every variant
+        VARIANTS[name][1](args, Clock(args, sync_check=False))
+    for r in range(args.rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:  # interleaved, each round rotated
             clock = Clock(args, sync_check=False)
             VARIANTS[name][1](args, clock)
             figures[name].append(clock.steps_per_s)
