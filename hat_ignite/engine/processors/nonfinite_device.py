@@ -36,6 +36,8 @@ import torch
 
 __all__ = ["DeviceFlags", "RING"]
 
+_NOTHING: list = []  # returned (never changed) when no flag is set
+
 #: Host slots for flags in flight: on a GPU the host waits for a copy only when this many are pending.
 RING = 4
 
@@ -58,6 +60,7 @@ class DeviceFlags:
         self._async = cuda
         # (RING, 2) host buffer; its numpy view is read without a tensor op (no device involved)
         self._mirror = torch.zeros(RING, 2, pin_memory=cuda)
+        self._slots = list(self._mirror)  # one view per slot, made once
         self._view = self._mirror.numpy()
         self._events = [torch.cuda.Event() for _ in range(RING)] if cuda else None
         self._pending: deque[tuple[int, Any, Any]] = deque()  # (slot, where, losses) oldest first
@@ -96,7 +99,7 @@ class DeviceFlags:
     def record(self, where: Any, losses: Any) -> None:
         """Start the host copy of the flags of the update just queued; ``where``/``losses`` name it."""
         slot = self._count % RING
-        self._mirror[slot].copy_(self.flags, non_blocking=self._async)
+        self._slots[slot].copy_(self.flags, non_blocking=self._async)
         if self._events is not None:
             self._events[slot].record()
         self._pending.append((slot, where, losses))
@@ -108,9 +111,12 @@ class DeviceFlags:
         ``final`` reads all of them (waiting for the device if needed): the end of an epoch.
         Only updates with a flag set are returned.
         """
-        out = []
         pending = self._pending
         events = self._events
+        if events is None and not final and len(pending) < 2:  # the CPU: read the previous update's flags
+            return _NOTHING
+        out = _NOTHING
+        view = self._view
         while pending:
             slot, where, losses = pending[0]
             if events is not None:
@@ -118,12 +124,12 @@ class DeviceFlags:
                     if not final and len(pending) < RING:
                         break
                     events[slot].synchronize()
-            elif not final and len(pending) < 2:  # the CPU: read the previous update's flags
+            elif not final and len(pending) < 2:
                 break
             pending.popleft()
-            loss_bad, any_bad = self._view[slot]
-            if any_bad:
-                out.append((where, bool(loss_bad), bool(any_bad), losses))
+            if view.item(slot, 1):  # a Python float from host memory
+                out = out or []
+                out.append((where, bool(view.item(slot, 0)), True, losses))
         return out
 
     def pending(self) -> int:
