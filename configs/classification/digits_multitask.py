@@ -115,7 +115,7 @@ float_trainer = dict(
     type="Trainer",  # run in several processes (--nproc / --device-ids / torchrun), it trains as DDP
     model=model,
     data_loader=data_loader,
-    optimizer=dict(type="torch.optim.SGD", lr=0.1, momentum=0.9, weight_decay=1e-4),
+    optimizer=dict(type="torch.optim.SGD", lr=0.1, momentum=0.9, weight_decay=1e-4, fused=True),
     batch_processor=dict(
         type="MultiBatchProcessor", need_grad_update=True, delay_sync=True,
         loss_collector=dict(type="collect_loss_by_index", indexes=0),

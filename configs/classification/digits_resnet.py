@@ -115,7 +115,7 @@ float_trainer = dict(
     model=model,
     data_loader=data_loader,
     optimizer=dict(
-        type=torch.optim.SGD, lr=0.1, momentum=0.9, weight_decay=5e-4,
+        type=torch.optim.SGD, lr=0.1, momentum=0.9, weight_decay=5e-4, fused=True,  # NaN/Inf skip on the device
         params={r"\.bias$|\.1\.weight$": dict(weight_decay=0.0)},  # no decay on biases and BN scales
     ),
     batch_processor=batch_processor,

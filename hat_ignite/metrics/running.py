@@ -2,10 +2,10 @@
 
 :class:`~hat_ignite.metrics.LossShow` and top-1 :class:`~hat_ignite.metrics.Accuracy` need only
 sufficient statistics: a sum and a count of observations, or the number of hits and of counted
-samples. They are kept here in small tensors on the inputs' device (a CPU loss's sum on the
-host; CPU class scores are kept as they are and scored every few dozen updates) and turned into
-a value only when one is asked for (``compute()``), with the arithmetic
-torchmetrics uses for the same metrics,
+samples. They are kept here in small tensors on the inputs' device (CPU class scores are kept as
+they are and scored every few dozen updates) and turned into a value only when one is asked for
+(``compute()``, at a logging step): an update never reads a tensor on the host, so on a GPU it
+never waits for the device. The arithmetic is the one torchmetrics uses for the same metrics,
 so the values are the same:
 
 * :class:`RunningMean` is ``MeanMetric``: the observations are added one by one to a sum in the
@@ -36,8 +36,7 @@ from __future__ import annotations
 
 import math
 import struct
-from array import array
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -79,50 +78,36 @@ def _count_masks(masks: list[torch.Tensor]) -> torch.Tensor:
 
 
 class RunningMean:
-    """The mean of scalar observations: a running sum and a count.
+    """The mean of scalar observations: a running sum tensor and a count.
 
-    ``update`` adds the observation to the sum and counts it on the host. An observation on the
-    CPU is read as a number and added on the host, rounded to the sum's dtype after each add
-    (float32 by default), which gives the very sum a float32 tensor would hold: a float32 add
-    computed in float64 and rounded once is correctly rounded. That costs no tensor op at all.
-    From the first observation on an accelerator on, the sum is a tensor on that device and
-    each update one in-place add there (no host-device sync).
+    ``update`` adds the observation in place to a 0-d sum of the default float dtype on the
+    observation's device (one tensor op, no host read: on a GPU nothing waits for the device)
+    and counts it on the host. The value is read only when asked for (:meth:`compute`,
+    :meth:`value`), at a logging step.
     """
 
-    __slots__ = ("total", "count", "host_total", "_round")
+    __slots__ = ("total", "count")
 
     def __init__(self) -> None:
-        #: The running sum as a tensor once an observation came from an accelerator, else ``None``.
+        #: The running sum (a 0-d tensor) once anything was added, else ``None``.
         self.total: torch.Tensor | None = None
-        #: The running sum of the observations read on the host (while ``total`` is ``None``).
-        self.host_total = 0.0
         self.count = 0
-        self._round: Callable[[float], float] | None = None
 
     def update(self, obs: torch.Tensor) -> None:
         """Add one observation, a 0-d floating-point tensor (only its value is read, never its graph)."""
         total = self.total
-        if total is None and obs.is_cpu:
-            rounding = self._round
-            if rounding is None:
-                dtype = torch.get_default_dtype()
-                # each running mean gets a float32 rounder of its own: the per-step path
-                rounding = self._round = _float32_rounder() if dtype == torch.float32 else _rounding(dtype)
-            self.host_total = rounding(self.host_total + obs.item())
-            self.count += 1
-            return
         if total is None:
-            total = self.total = self._sum(obs.device)  # the host sum so far, carried on to the device
+            total = self.total = torch.zeros((), dtype=torch.get_default_dtype(), device=obs.device)
         elif total.device != obs.device:
             total = self.total = total.to(obs.device)
         total.add_(obs.detach())
         self.count += 1
 
     def _sum(self, device: torch.device | None = None) -> torch.Tensor:
-        """The running sum as a 0-d tensor: ``total``, or the host sum made a tensor on ``device``."""
+        """The running sum as a 0-d tensor (zero on ``device`` when nothing was added)."""
         if self.total is not None:
             return self.total
-        return torch.tensor(self.host_total, dtype=torch.get_default_dtype(), device=device)
+        return torch.zeros((), dtype=torch.get_default_dtype(), device=device)
 
     def compute(self) -> torch.Tensor | None:
         """The mean as a 0-d tensor, over every rank; ``None`` when nothing was added anywhere."""
@@ -133,49 +118,27 @@ class RunningMean:
             return None if not count else total / count
         if not self.count:
             return None
-        mean = self._host_mean()
-        if mean is not None:
-            return torch.tensor(mean, dtype=torch.get_default_dtype())
         total = self._sum()
         return total / torch.tensor(float(self.count), dtype=total.dtype, device=total.device)
 
-    def _host_mean(self) -> float | None:
-        """The mean of a host sum (``count > 0``) in a float32/float64 default dtype, else ``None``.
-
-        The host quotient rounded once to that dtype is what the tensor division gives.
-        """
-        if self.total is not None:
-            return None
-        dtype = torch.get_default_dtype()
-        if dtype != torch.float32 and dtype != torch.float64:
-            return None
-        rounding = _rounding(dtype)
-        return rounding(self.host_total / rounding(float(self.count)))
-
     def value(self) -> float | None:
-        """:meth:`compute` as a Python float; a host sum is divided without a tensor op."""
-        if self.count and _world_size() == 1:
-            mean = self._host_mean()
-            if mean is not None:
-                return mean
+        """:meth:`compute` as a Python float (a host read: call it at logging steps only)."""
         result = self.compute()
         return None if result is None else float(result.item())
 
     def reset(self) -> None:
         """Forget everything added so far."""
         self.total = None
-        self.host_total = 0.0
         self.count = 0
 
     def state_dict(self) -> dict[str, Any]:
-        """The running sum (a tensor, or the host sum) and the count."""
-        return {"total": self.total, "host_total": self.host_total, "count": self.count}
+        """The running sum (a 0-d tensor, ``None`` before any update) and the count."""
+        return {"total": self.total, "count": self.count}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a :meth:`state_dict`."""
         total = state.get("total")
         self.total = total.clone() if isinstance(total, torch.Tensor) else None
-        self.host_total = float(state.get("host_total", 0.0))
         self.count = int(state.get("count", 0))
 
 
@@ -192,41 +155,6 @@ def _to_float32(value: float) -> float:
         return _FLOAT32.unpack(_FLOAT32.pack(value))[0]
     except OverflowError:  # struct refuses what rounds past float32's range; IEEE gives inf
         return math.copysign(math.inf, value)
-
-
-def _float32_rounder() -> Callable[[float], float]:
-    """A function rounding a float to the nearest float32, through a one-slot ``array("f")`` of its own.
-
-    Storing a float in the slot casts it to a C ``float`` (round to nearest, ``inf`` past the
-    range, as :func:`_to_float32`), and reading it back widens it again: two C-level item
-    accesses, about half the time of a ``struct`` pack and unpack. Each caller gets its own slot,
-    so two running means never share one between the store and the read.
-
-    >>> round32 = _float32_rounder()
-    >>> round32(0.1) == _to_float32(0.1), round32(1e39), round32(-1e39)
-    (True, inf, -inf)
-    """
-    slot = array("f", [0.0])
-
-    def round_to_float32(value: float) -> float:
-        slot[0] = value
-        return slot[0]
-
-    return round_to_float32
-
-
-def _rounding(dtype: torch.dtype) -> Callable[[float], float]:
-    """How a host sum is rounded after each add to stay equal to a sum tensor of ``dtype``.
-
-    Shared and allocation-free, for reads; :meth:`RunningMean.update` gives each running mean a
-    float32 rounder of its own (:func:`_float32_rounder`), which is cheaper per call.
-    """
-    if dtype == torch.float32:
-        return _to_float32
-    if dtype == torch.float64:
-        return float
-    # float16/bfloat16 sums: round through a tensor (a default dtype hardly anyone sets)
-    return lambda value: torch.tensor(value, dtype=dtype).item()
 
 
 def _host_ratio(hits: int, counted: int) -> float:
@@ -391,8 +319,6 @@ class RunningCounts:
                 continue
             total: torch.Tensor | int = _count_masks(pending)
             pending.clear()
-            if total.is_cpu:  # type: ignore[union-attr]
-                total = int(total)  # a CPU count is kept as a Python int: exact, and added without an op
             old = getattr(self, name)
             if old is None:
                 setattr(self, name, total)

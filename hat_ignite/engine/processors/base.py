@@ -16,8 +16,11 @@ BasicBatchProcessor step still sees the previous update's gradients.
 
 The optimizer step (:meth:`BatchProcessorMixin._optimizer_step`), once per update::
 
-    OPTIMIZER_STEP_BEGIN -> finite-gradient check -> [GradScaler.unscale_ + clip by value / norm]
-    -> (scaler) step
+    OPTIMIZER_STEP_BEGIN -> finite check -> [GradScaler.unscale_ + clip by value / norm]
+    -> (scaler) step [-> read the finite flags of earlier updates: fused optimizers]
+
+With a fused optimizer the finite check sets a flag on the device the optimizer skips itself on,
+and the flag is read a step or more later (nonfinite_device.py); otherwise it reads the flag now.
 """
 
 from __future__ import annotations
@@ -269,11 +272,15 @@ class BatchProcessorMixin(ABC):
                 f"outputs of step {state.iteration - 1} (got {losses!r}). Check that the model "
                 f"returns its losses in training mode and that the collector's index or regex matches."
             )
-        # A CPU scalar is read for free, so check before the backward. On an accelerator the
-        # read waits for the device: check once the backward is queued, still before
-        # BACKWARD_END and the update (see docs/engine.md, "Non-finite losses").
+        # A fused optimizer: the loss is checked on the device with the gradients (nothing is
+        # read). Otherwise a CPU scalar is read for free, so check before the backward; on an
+        # accelerator the read waits for the device: check once the backward is queued, still
+        # before BACKWARD_END and the update (docs/engine.md, "Non-finite losses and gradients").
         total, check_after_backward = loss, self.check_finite_loss
-        if check_after_backward and loss.is_cpu:
+        if check_after_backward and self.nonfinite.on_device(engine.optimizer, self.grad_scaler):
+            self.nonfinite.note_loss(loss)  # checked on the device with the gradients, before the update
+            check_after_backward = False
+        elif check_after_backward and loss.is_cpu:
             if engine.multi_process or not math.isfinite(loss.item()):
                 self.nonfinite.check_loss(engine, total, losses, model_outs, batch_idx)
             check_after_backward = False
@@ -323,11 +330,15 @@ class BatchProcessorMixin(ABC):
         Its gradients were averaged over ``grad_accumulation_step`` steps; they are rescaled to
         the average over the steps the group really has, then applied.
         """
+        if not self.need_grad_update:
+            return
         pending = getattr(engine.state, "grad_pending_steps", 0)
-        if not (self.need_grad_update and pending):
+        if not pending:
+            self.nonfinite.flush(engine)
             return
         self._optimizer_step(engine, rescale=self.grad_accumulation_step / pending)
         engine.state.grad_pending_steps = 0
+        self.nonfinite.flush(engine)
 
     def _optimizer_step(self, engine: LoopBase, rescale: float | None = None) -> None:
         """``OPTIMIZER_STEP_BEGIN``, then the checked, clipped update (see the module docstring).
@@ -343,18 +354,26 @@ class BatchProcessorMixin(ABC):
                     for p in group["params"]:
                         if p.grad is not None:
                             p.grad.mul_(rescale)
-        if not self.nonfinite.allow_update(engine, self.grad_scaler):
+        scaler = self.grad_scaler
+        guard = self.nonfinite
+        flags = None
+        if self.check_finite_loss and guard.on_device(engine.optimizer, scaler):
+            flags = guard.check_on_device(engine)  # the optimizer skips itself when a flag is set
+        elif not guard.allow_update(engine, scaler):
             return  # nonfinite_policy="skip": this update is dropped (counted and logged)
         phases = engine.phase_profiler
         if phases is not None:
             phases.begin("optimizer")
-        scaler = self.grad_scaler
         if self.grad_clipper is not None:  # after unscale_, once per update
             engine.state.grad_norm = self.grad_clipper(engine.optimizer, scaler)
-        if scaler is not None:
+        if flags is not None:
+            flags.step(engine.optimizer)
+        elif scaler is not None:
             scaler.step(engine.optimizer)
             scaler.update()
         else:
             engine.optimizer.step()
         if phases is not None:
             phases.end()
+        if flags is not None:
+            guard.after_step(engine)  # raises (or counts) once an earlier update's flags arrive

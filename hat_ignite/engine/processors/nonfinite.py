@@ -1,23 +1,28 @@
 """NaN / Inf guard of the batch processors: a non-finite loss or gradient never updates the model.
 
-:class:`NonFiniteGuard` is consulted twice per training step by
-:class:`~hat_ignite.engine.processors.base.BatchProcessorMixin`:
+:class:`NonFiniteGuard` works in one of two ways, chosen per optimizer (:meth:`NonFiniteGuard.on_device`):
 
-* :meth:`NonFiniteGuard.check_loss` after the losses are collected (before the backward on the
-  CPU, right after it on an accelerator, so the read does not stall the queue);
-* :meth:`NonFiniteGuard.allow_update` right before the optimizer step: it checks the gradients
-  (unless a ``GradScaler`` is active, which finds and skips fp16 overflow itself — that is the
-  scaler's normal work, not an error) and answers whether the step may run.
+* **on the device** for optimizers that skip an update themselves on a ``found_inf`` flag
+  (``fused=True``), without an enabled ``GradScaler``: each backward's loss is kept
+  (:meth:`NonFiniteGuard.note_loss`), the update's flags are set on the device
+  (:meth:`NonFiniteGuard.check_on_device`), the optimizer skips on them, and they are read a step
+  or more later (:meth:`NonFiniteGuard.after_step`, :meth:`NonFiniteGuard.flush`), see
+  :mod:`~hat_ignite.engine.processors.nonfinite_device`. No host read per step.
+* **blocking** otherwise: :meth:`NonFiniteGuard.check_loss` reads the loss after it is collected
+  (before the backward on the CPU, right after it on an accelerator) and
+  :meth:`NonFiniteGuard.allow_update` the gradients' flag right before the optimizer step (unless a
+  ``GradScaler`` is active, which finds and skips fp16 overflow itself: its normal work, not an
+  error), and answers whether the step may run.
 
 With ``policy="raise"`` (the default) the first non-finite value raises
 :class:`~hat_ignite.errors.NonFiniteLossError` naming the epoch, step, sub-batch and the loss
-keys or parameter names, before the optimizer update, so the parameters (and the optimizer's
-state) are those of the previous step. With ``policy="skip"`` the step's update is dropped
-instead, counted in ``engine.state.nonfinite_skipped`` and logged, and training goes on.
+values (and, blocking, the parameter names); the parameters (and the optimizer's state) are
+those of the step before. With ``policy="skip"`` the step's update is dropped instead, counted
+in ``engine.state.nonfinite_skipped`` and logged, and training goes on.
 
-Every decision goes through :func:`all_ranks_finite`, which all-reduces the flag when more
-than one process trains, so every rank raises or skips together instead of one rank leaving
-the others waiting in a collective.
+Every decision is the same on every rank: the flags are all-reduced when more than one process
+trains (:func:`all_ranks_finite` in the blocking way), so every rank raises or skips together
+instead of one rank leaving the others waiting in a collective.
 
 >>> guard = NonFiniteGuard(policy="skip")
 >>> guard.policy, guard.check_grad
@@ -26,7 +31,6 @@ the others waiting in a collective.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import math
 from collections.abc import Mapping
@@ -35,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 import ignite.distributed as idist
 import torch
 
+from hat_ignite.engine.processors.nonfinite_device import DeviceFlags
 from hat_ignite.errors import NonFiniteLossError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -146,13 +151,13 @@ class _ParamList:
 
 
 def grads_finite(grads: list[torch.Tensor]) -> bool:
-    """Whether every gradient is free of NaN/Inf, in one fused pass where torch offers it.
+    """Whether every gradient is free of NaN/Inf: a blocking read (the path of optimizers that
+    cannot skip an update on the device).
 
     Uses the fused check GradScaler itself runs (with an unscale factor of exactly 1, which leaves
-    the gradients bit for bit as they are): about 3-6 µs for a small model on a CPU, against 13-16 µs
-    for a sum per tensor. The flag it sets is allocated once per device; on the CPU it is read
-    straight from its memory, which skips a tensor op per step. Gradients spread over
-    several devices or dtypes the fused op refuses take the per-tensor path.
+    the gradients bit for bit as they are) and reads its flag once. The flag is allocated once per
+    device. Gradients spread over several devices or dtypes the fused op refuses take the
+    per-tensor path.
 
     >>> grads_finite([torch.ones(3), torch.zeros(2, 2)]), grads_finite([torch.tensor([1.0, float("nan")])])
     (True, False)
@@ -163,30 +168,32 @@ def grads_finite(grads: list[torch.Tensor]) -> bool:
     flags = _FLAGS.get("cpu") if first.is_cpu else _FLAGS.get(first.device)
     if flags is None:
         flags = _make_flags(first.device)
-    found, one, host_flag = flags  # ``found`` is kept at 0 between checks: it is reset only after it was set
+    found, one = flags  # ``found`` is kept at 0 between checks: it is reset only after it was set
     try:
         torch._amp_foreach_non_finite_check_and_unscale_(grads, found, one)
     except (RuntimeError, AttributeError):
         found.zero_()
         return math.isfinite(torch.stack([g.float().sum() for g in grads]).sum().item())
-    if (host_flag.value if host_flag is not None else found.item()) == 0.0:
+    if found.item() == 0.0:
         return True
     found.zero_()
     return False
 
 
-def _make_flags(device: torch.device) -> tuple[torch.Tensor, torch.Tensor, Any]:
-    found, one = torch.zeros(1, device=device), torch.ones(1, device=device)
-    # On the CPU the flag is read straight from its memory (a C float the tensor owns and
-    # _FLAGS keeps alive), which costs a tenth of found.item()'s tensor op.
-    host_flag = ctypes.c_float.from_address(found.data_ptr()) if device.type == "cpu" else None
-    flags = _FLAGS["cpu" if device.type == "cpu" else device] = (found, one, host_flag)
+def _make_flags(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    flags = _FLAGS["cpu" if device.type == "cpu" else device] = (torch.zeros(1, device=device), torch.ones(1, device=device))
     return flags
 
 
-# device ("cpu" for the CPU) -> (found-inf flag, unscale factor 1, the flag's memory as a C
-# float on the CPU): made on first use and reused, so a check allocates nothing
-_FLAGS: dict[Any, tuple[torch.Tensor, torch.Tensor, Any]] = {}
+# device ("cpu" for the CPU) -> (found-inf flag, unscale factor 1): made on first use and reused,
+# so a check allocates nothing
+_FLAGS: dict[Any, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _all_finite(losses: Any) -> bool:
+    """Whether every loss tensor in ``losses`` (a tensor, mapping or sequence) is finite (reads them)."""
+    values = losses.values() if isinstance(losses, Mapping) else [losses] if isinstance(losses, torch.Tensor) else losses
+    return all(bool(torch.isfinite(v.detach()).all()) for v in values if isinstance(v, torch.Tensor))
 
 
 def _nonfinite_parameter_names(engine: LoopBase) -> list[str]:
@@ -220,6 +227,91 @@ class NonFiniteGuard:
         self._params = _ParamList()
         #: Why the pending update must be dropped (skip policy), ``None`` when it may run.
         self.pending: str | None = None
+        #: The on-device flags (made at the first update that uses them), see nonfinite_device.
+        self.device_flags: DeviceFlags | None = None
+        self._losses: list[torch.Tensor] = []  # the update's detached total losses (on-device mode)
+        self._mode_for: tuple[Any, Any] = (None, None)  # (optimizer, scaler) the mode was chosen for
+        self._on_device = False
+
+    # -- on-device mode: no host read per step ------------------------------------------------
+    def on_device(self, optimizer: Any, scaler: Any) -> bool:
+        """Whether this update is guarded on the device (the optimizer skips itself on a flag).
+
+        True for optimizers that take a ``found_inf`` flag (``fused=True`` SGD, Adam, AdamW...)
+        while no enabled GradScaler steps them. Otherwise the check reads the flags on the host at
+        every step, which the log says once.
+        """
+        if optimizer is self._mode_for[0] and scaler is self._mode_for[1]:
+            return self._on_device
+        self._mode_for = (optimizer, scaler)
+        scaled = scaler is not None and scaler.is_enabled()
+        self._on_device = bool(getattr(optimizer, "_step_supports_amp_scaling", False)) and not scaled
+        if not self._on_device:
+            why = ("a GradScaler steps the optimizer" if scaled else
+                   f"{type(optimizer).__name__} cannot skip an update on the device (no fused=True)")
+            logger.info(
+                "NaN/Inf guard: %s, so the loss%s is checked with a blocking host read at every step. "
+                "A fused optimizer (e.g. torch.optim.SGD(..., fused=True)) without GradScaler is checked "
+                "on the device instead.", why, "" if scaled or not self.check_grad else " and gradients",
+            )
+        return self._on_device
+
+    def note_loss(self, loss: torch.Tensor) -> None:
+        """Keep a backward's total loss for the device check of the coming update."""
+        self._losses.append(loss.detach())
+
+    def check_on_device(self, engine: LoopBase) -> DeviceFlags:
+        """Set the device flags of this update (all-reduced across processes); nothing is read."""
+        losses = self._losses
+        grads = self._params.grads(engine.optimizer) if self.check_grad else []
+        flags = self.device_flags
+        if flags is None:
+            first = losses[0] if losses else (grads[0] if grads else None)
+            device = first.device if first is not None else engine.torch_device
+            flags = self.device_flags = DeviceFlags(device, sticky=self.policy == "raise")
+        flags.check(losses, grads, engine.multi_process)
+        self._losses = []
+        return flags
+
+    def after_step(self, engine: LoopBase, final: bool = False) -> None:
+        """Note the update just queued, then act on every earlier update whose flags arrived."""
+        flags = self.device_flags
+        if flags is None:
+            return
+        if not final:
+            state = engine.state
+            where = (state.epoch - 1, getattr(state, "step_id", state.iteration - 1), state.iteration - 1,
+                     getattr(state, "batch_idx", 0))
+            flags.record(where, state.losses)
+        for where, loss_bad, _, losses in flags.ready(final):
+            self._report(engine, where, loss_bad, losses)
+
+    def flush(self, engine: LoopBase) -> None:
+        """Read every pending flag (waiting for the device): the end of an epoch or of the run."""
+        if self.device_flags is not None and self.device_flags.pending():
+            self.after_step(engine, final=True)
+
+    def _report(self, engine: LoopBase, where_ids: tuple, loss_bad: bool, losses: Any) -> None:
+        epoch_id, step_id, global_step_id, batch_idx = where_ids
+        where = f"epoch_id={epoch_id}, step_id={step_id}, global_step_id={global_step_id}, batch_idx={batch_idx}"
+        what = describe_losses(losses)
+        if loss_bad and losses is not None and _all_finite(losses):
+            what = f"on another rank (this rank's: {what})"
+        kind = "loss" if loss_bad else "gradient"
+        if self.policy == "skip":
+            state = engine.state
+            state.nonfinite_skipped = getattr(state, "nonfinite_skipped", 0) + 1
+            logger.warning("Skipped the optimizer update (%d so far): non-finite %s at %s: %s.",
+                           state.nonfinite_skipped, kind, where, what)
+            return
+        self.device_flags, self._losses = None, []  # a later run starts with clear flags
+        detail = f": {what}" if loss_bad else f" (losses: {what})"
+        raise NonFiniteLossError(
+            f"Non-finite {kind} at {where}{detail}. The optimizer skipped the update of that step and of "
+            f"every later one on the device, so the parameters are those of the step before it. Lower "
+            f"the learning rate, check the data, clip gradients, or set nonfinite_policy='skip' on the "
+            f"batch processor to drop such steps."
+        )
 
     def check_loss(self, engine: LoopBase, loss: torch.Tensor, losses: Any, model_outs: Any, batch_idx: int) -> None:
         """Raise, or mark the step's update as dropped, when ``loss`` is NaN or infinite."""

@@ -1,0 +1,125 @@
+"""No host read of a device value between log points (see tests/host_reads.py for what is counted).
+
+Each read (``.item()``, ``float(t)``, ``.tolist()``...) drains a GPU's queue. A training step of the
+bare Trainer with a fused optimizer, of the shipped digits config, and of a 2-process run makes
+none; the log and TensorBoard steps and the epoch boundaries (validation, checkpoints, the data
+loader's shuffle) read what they write.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import sys
+
+import torch
+from torch import nn
+
+from hat_ignite.config import Config
+from hat_ignite.engine import BasicBatchProcessor, Trainer, collect_loss_by_index
+from host_reads import HostReads
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+TESTS = ROOT / "tests"
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+
+    def forward(self, x, y):
+        logits = self.body(x)
+        return nn.functional.cross_entropy(logits, y), logits
+
+
+def bare_trainer(steps: int) -> Trainer:
+    torch.manual_seed(0)
+    model = Net()
+    data = [(torch.randn(16, 8), torch.randint(0, 3, (16,))) for _ in range(steps)]
+    return Trainer(model=model, data_loader=data, device=None, num_epochs=1,
+                   optimizer=torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, fused=True),
+                   batch_processor=BasicBatchProcessor(need_grad_update=True, loss_collector=collect_loss_by_index(0)))
+
+
+def test_a_bare_trainer_with_the_default_guard_and_a_fused_optimizer_reads_nothing():
+    trainer = bare_trainer(40)
+    reads = HostReads().attach(trainer)
+    with reads:
+        trainer.fit()
+    assert trainer.state.iteration == 40
+    assert reads.reads(range(6, 36)) == {}
+    # the guard is on: a NaN would be caught (tests/test_nonfinite_device.py)
+    assert trainer.batch_processor.nonfinite.device_flags is not None
+
+
+def test_the_progress_bar_reads_the_loss_only_when_it_redraws(monkeypatch):
+    from hat_ignite.cli.progress import TerminalBar
+    from hat_ignite.cli.train import _attach_progress
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # hat-train on a terminal: a tqdm bar
+    redraws: list[int] = []
+    step = TerminalBar._step
+
+    def counting_step(self, engine):  # the steps at which tqdm redrew (and so read the values)
+        before = self.bar.n if self.bar is not None else None
+        last = getattr(self.bar, "last_print_n", None)
+        step(self, engine)
+        if before is not None and self.bar.last_print_n != last:
+            redraws.append(engine.state.iteration)
+
+    monkeypatch.setattr(TerminalBar, "_step", counting_step)
+    trainer = bare_trainer(45)
+    _attach_progress(trainer)
+    reads = HostReads().attach(trainer)
+    with reads:
+        trainer.fit()
+    read_steps = sorted(reads.reads(range(2, 46)))
+    assert set(read_steps) <= set(redraws)  # a step the bar did not redraw reads nothing
+    assert len(read_steps) < 44  # tqdm redraws at most every mininterval (0.1 s), not every step
+
+
+def test_a_non_fused_optimizer_keeps_the_blocking_check_and_says_so_once(caplog):
+    torch.manual_seed(0)
+    model = Net()
+    data = [(torch.randn(16, 8), torch.randint(0, 3, (16,))) for _ in range(8)]
+    trainer = Trainer(model=model, data_loader=data, device=None, num_epochs=1,
+                      optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                      batch_processor=BasicBatchProcessor(need_grad_update=True, loss_collector=collect_loss_by_index(0)))
+    reads = HostReads().attach(trainer)
+    with caplog.at_level("INFO", logger="hat_ignite.engine.processors.nonfinite"), reads:
+        trainer.fit()
+    assert all(len(r) == 2 for r in reads.reads(range(2, 9)).values()) and len(reads.reads(range(2, 9))) == 7
+    told = [r.getMessage() for r in caplog.records if "blocking host read" in r.getMessage()]
+    assert len(told) == 1 and "SGD cannot skip an update on the device (no fused=True)" in told[0]
+
+
+def test_the_shipped_digits_config_reads_only_at_log_steps(tmp_path):
+    cfg = Config.fromfile(ROOT / "configs" / "classification" / "digits_mlp.py")
+    cfg.relocate_paths(cfg.to_dict()["work_dir"], str(tmp_path / "work"))
+    cfg.merge_opts(["float_trainer.num_epochs=3"])
+    trainer = cfg.build("float_trainer")
+    reads = HostReads().attach(trainer)
+    with reads:
+        trainer.fit()
+    length = trainer.state.epoch_length
+    tensorboard = {i for i in range(1, trainer.state.iteration + 1) if i % 5 == 0}  # update_freq=5
+    boundaries = {e * length + d for e in range(4) for d in (0, 1)}  # last and first step of epochs
+    counted = [i for i in range(2, trainer.state.iteration + 1) if i not in tensorboard | boundaries]
+    assert len(counted) >= 30
+    assert {i: reads.where[i] for i in counted if reads.per_step[i]} == {}
+    assert any(reads.per_step[i] for i in tensorboard)  # the counter sees the reads where they are
+
+
+def test_a_two_process_gloo_run_reads_nothing(tmp_path):
+    proc = subprocess.run([sys.executable, str(TESTS / "host_reads_dist.py"), "count", str(tmp_path)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    for rank in (0, 1):
+        result = torch.load(tmp_path / f"count_rank{rank}.pt", weights_only=True)
+        assert result == {"reads": {}, "iteration": 40}
+
+
+def test_the_package_reads_no_memory_through_ctypes():
+    sources = [p for p in (ROOT / "hat_ignite").rglob("*.py") if "ctypes" in p.read_text()]
+    assert sources == []
