@@ -75,7 +75,8 @@ def test_the_progress_bar_reads_the_loss_only_when_it_redraws(monkeypatch):
     with reads:
         trainer.fit()
     read_steps = sorted(reads.reads(range(2, 46)))
-    assert set(read_steps) <= set(redraws)  # a step the bar did not redraw reads nothing
+    # a step the bar did not redraw reads nothing; the epoch's end draws its last values once
+    assert set(read_steps) <= set(redraws) | {45}
     assert len(read_steps) < 44  # tqdm redraws at most every mininterval (0.1 s), not every step
 
 

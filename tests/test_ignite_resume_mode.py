@@ -98,6 +98,29 @@ def test_interrupt_then_fit_goes_on_where_it_stopped(straight, caplog):
     assert "terminating due to exception" not in caplog.text
 
 
+def test_fit_after_a_run_that_raised_starts_over(straight):
+    """A run that ended with an exception is not paused: the next fit() runs the whole loop."""
+
+    class FailOnce:
+        def __init__(self):
+            self.failed = False
+
+        def on_step_end(self, global_step_id, **kwargs):
+            if global_step_id == 4 and not self.failed:
+                self.failed = True
+                raise RuntimeError("a callback failed once")
+
+    trainer = make_trainer(callbacks=[FailOnce()])
+    with pytest.raises(RuntimeError, match="failed once"):
+        trainer.fit()
+    torch.manual_seed(0)
+    trainer.model.load_state_dict(make_trainer().model.state_dict())  # the straight run's start
+    trainer.optimizer.state.clear()
+    state = trainer.fit()
+    assert (state.epoch, state.iteration) == (3, 3 * STEPS)
+    assert torch.equal(weights(trainer), straight)
+
+
 def test_restoring_a_paused_run_drops_it_quietly(caplog):
     trainer = make_trainer(num_epochs=2)
     trainer.add_event_handler(Events.ITERATION_COMPLETED(once=3), lambda e: e.interrupt())

@@ -9,6 +9,7 @@ prepares the state and calls ``run()``.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from typing import Any, Callable, Iterable, Sequence
 
@@ -366,6 +367,9 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
         """
         restored = self.state.iteration if self._state_restored else None
         self._state_restored = False
+        paused = self._internal_run_generator
+        if paused is not None and inspect.getgeneratorstate(paused) == inspect.GEN_CLOSED:
+            self._internal_run_generator = None  # the last run ended with an exception: nothing is paused
         if self._internal_run_generator is not None:
             if restored is None:  # interrupt() paused the last run: go on with it
                 self.run(self.state.dataloader)
