@@ -4,9 +4,9 @@ Train:    python bin/hat-train configs/classification/digits_mlp.py
 Predict:  python bin/hat-predict configs/classification/digits_mlp.py
 Override: python bin/hat-train configs/classification/digits_mlp.py --opts float_trainer.num_epochs=5
 
-Reaches more than 95 % validation accuracy in a few seconds on a CPU. The work dir receives the log,
-the resolved config, the checkpoints (best by validation accuracy, and last), metrics.json, the
-TensorBoard event file and training_curves.png.
+Reaches 97 % validation accuracy (75 % after the first epoch) in a few seconds on a CPU. The work
+dir receives the log, the resolved config, the checkpoints (best by validation accuracy, and last),
+metrics.json, the TensorBoard event file and training_curves.png.
 """
 
 import os
