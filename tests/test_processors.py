@@ -265,3 +265,30 @@ def test_device_moves_are_recursive_and_keep_container_types():
     assert moved["x"][0].device.type == "meta" and moved["x"][1][0].device.type == "meta"
     assert isinstance(moved["x"][1], tuple) and moved["x"][1][1] == "tag"
     assert isinstance(moved["p"], Pair) and moved["p"].a.device.type == "meta" and moved["p"].b == 3
+
+
+def test_a_users_processor_with_its_own_call_runs_whole_epochs():
+    """A HAT user's processor subclasses the mixin and writes ``__call__`` itself, without the
+    mixin's setup: the epoch end must not need what only the shipped processors set up."""
+    from hat_ignite.engine.processors import BatchProcessorMixin
+
+    class PlainProcessor(BatchProcessorMixin):
+        need_grad_update = True
+
+        def __call__(self, engine, batch):
+            engine.optimizer.zero_grad()
+            x, y = batch
+            loss = nn.functional.mse_loss(engine.model(x), y)
+            loss.backward()
+            engine.optimizer.step()
+            return loss
+
+    torch.manual_seed(0)
+    model = nn.Linear(3, 1)
+    data = [(torch.randn(4, 3), torch.randn(4, 1)) for _ in range(3)]
+    before = model.weight.detach().clone()
+    trainer = Trainer(model=model, data_loader=data, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                      batch_processor=PlainProcessor(), device=None, num_epochs=2)
+    state = trainer.fit()
+    assert (state.epoch, state.iteration) == (2, 6)
+    assert not torch.equal(before, model.weight)

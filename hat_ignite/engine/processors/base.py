@@ -332,13 +332,14 @@ class BatchProcessorMixin(ABC):
         """
         if not self.need_grad_update:
             return
+        # a user's processor that subclasses the mixin with a __call__ of its own has no guard
+        guard = getattr(self, "nonfinite", None)
         pending = getattr(engine.state, "grad_pending_steps", 0)
-        if not pending:
-            self.nonfinite.flush(engine)
-            return
-        self._optimizer_step(engine, rescale=self.grad_accumulation_step / pending)
-        engine.state.grad_pending_steps = 0
-        self.nonfinite.flush(engine)
+        if pending:
+            self._optimizer_step(engine, rescale=self.grad_accumulation_step / pending)
+            engine.state.grad_pending_steps = 0
+        if guard is not None:
+            guard.flush(engine)
 
     def _optimizer_step(self, engine: LoopBase, rescale: float | None = None) -> None:
         """``OPTIMIZER_STEP_BEGIN``, then the checked, clipped update (see the module docstring).
