@@ -10,6 +10,7 @@ from hat_ignite.engine import (
     HOOK_EVENTS, HOOK_KWARGS, BasicBatchProcessor, HatEvents, MultiBatchProcessor, Trainer, collect_loss_by_index,
 )
 from hat_ignite.engine.state import COMMON_KWARGS
+from hat_style import HatStyleBase
 
 IDS = ("epoch_id", "step_id", "global_step_id")
 
@@ -37,49 +38,6 @@ HAT_PASSES = {
     "on_loop_end": {"model", "ema_model", "optimizer", "epoch_id", "global_step_id", "device", "train_metrics",
                     "val_metrics", "callbacks", "storage", "profiler"},
 }
-
-
-class HatStyleBase:
-    """A callback base written the way HAT's is: no-op ``on_*`` hooks taking ``**kwargs``, no attach."""
-
-    def on_loop_begin(self, **kwargs):
-        pass
-
-    def on_loop_end(self, **kwargs):
-        pass
-
-    def on_epoch_begin(self, **kwargs):
-        pass
-
-    def on_epoch_end(self, **kwargs):
-        pass
-
-    def on_step_begin(self, **kwargs):
-        pass
-
-    def on_step_end(self, **kwargs):
-        pass
-
-    def on_batch_begin(self, **kwargs):
-        pass
-
-    def on_batch_end(self, **kwargs):
-        pass
-
-    def on_backward_begin(self, **kwargs):
-        pass
-
-    def on_backward_end(self, **kwargs):
-        pass
-
-    def on_optimizer_step_begin(self, **kwargs):
-        pass
-
-    def on_forward_begin(self, **kwargs):
-        pass
-
-    def on_forward_end(self, **kwargs):
-        pass
 
 
 def _recording(hook: str):

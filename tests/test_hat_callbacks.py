@@ -25,49 +25,7 @@ from hat_ignite.engine.ddp_trainer import DataParallelTrainer
 from hat_ignite.errors import CallbackSignatureError
 from hat_ignite.metrics import Accuracy
 from hat_ignite.quantization import Float2Calibration
-
-
-class HatBase:
-    """HAT's callback base, as HAT users subclass it: every hook a no-op."""
-
-    def on_loop_begin(self, **kwargs):
-        pass
-
-    def on_loop_end(self, **kwargs):
-        pass
-
-    def on_epoch_begin(self, **kwargs):
-        pass
-
-    def on_epoch_end(self, **kwargs):
-        pass
-
-    def on_step_begin(self, **kwargs):
-        pass
-
-    def on_step_end(self, **kwargs):
-        pass
-
-    def on_batch_begin(self, **kwargs):
-        pass
-
-    def on_batch_end(self, **kwargs):
-        pass
-
-    def on_backward_begin(self, **kwargs):
-        pass
-
-    def on_backward_end(self, **kwargs):
-        pass
-
-    def on_optimizer_step_begin(self, **kwargs):
-        pass
-
-    def on_forward_begin(self, **kwargs):
-        pass
-
-    def on_forward_end(self, **kwargs):
-        pass
+from hat_style import HatStyleBase
 
 
 class Linear(nn.Module):
@@ -98,14 +56,14 @@ def linear_trainer(callbacks, lr: float = 0.5, data=None, **kwargs) -> Trainer:
 
 # -- attaching ----------------------------------------------------------------------------------
 def test_only_the_hooks_a_hat_callback_implements_are_attached():
-    class StepCounter(HatBase):
+    class StepCounter(HatStyleBase):
         steps = 0
 
         def on_step_end(self, **kwargs):
             self.steps += 1
 
     counter = StepCounter()
-    trainer = linear_trainer([counter, HatBase()])
+    trainer = linear_trainer([counter, HatStyleBase()])
     assert trainer.event_handlers(HatEvents.STEP_END) == ["StepCounter.on_step_end"]
     assert all(trainer.event_handlers(e) == [] for e in HatEvents if e is not HatEvents.STEP_END)
     trainer.fit()
@@ -113,7 +71,7 @@ def test_only_the_hooks_a_hat_callback_implements_are_attached():
 
 
 def test_a_misspelled_hook_is_refused_at_attach_with_its_name_and_the_closest_hook():
-    class Typo(HatBase):
+    class Typo(HatStyleBase):
         def on_step_ends(self, **kwargs):
             self.seen = True
 
@@ -129,7 +87,7 @@ def test_a_misspelled_hook_is_refused_at_attach_with_its_name_and_the_closest_ho
 
 
 def test_a_no_op_hook_with_an_impossible_signature_is_still_refused():
-    class Wrong(HatBase):
+    class Wrong(HatStyleBase):
         def on_loop_begin(self, batch, **kwargs):  # on_loop_begin passes no batch
             pass
 
@@ -142,7 +100,7 @@ def test_an_object_with_neither_hooks_nor_attach_is_refused():
         linear_trainer([3])
 
 
-class Seen(HatBase):
+class Seen(HatStyleBase):
     """Counts the hooks it sees, whatever the engine."""
 
     def __init__(self) -> None:
@@ -207,7 +165,7 @@ def test_gradscale_in_on_optimizer_step_begin_scales_the_gradients_the_optimizer
     """HAT's GradScale acts in on_optimizer_step_begin; with plain SGD the update is -lr * scale * g."""
     lr, scale = 0.5, 0.25
 
-    class HatStyleGradScale(HatBase):
+    class HatStyleGradScale(HatStyleBase):
         def __init__(self):
             self.grads = []
 
@@ -230,7 +188,7 @@ def test_gradscale_in_on_optimizer_step_begin_scales_the_gradients_the_optimizer
 def test_our_gradscale_matches_parameter_names_by_substring():
     lr = 0.5
 
-    class Grads(HatBase):
+    class Grads(HatStyleBase):
         def on_backward_end(self, model, **kwargs):
             self.grads = {n: p.grad.clone() for n, p in model.named_parameters()}
 
@@ -244,7 +202,7 @@ def test_our_gradscale_matches_parameter_names_by_substring():
 
 
 def test_storage_has_hats_put():
-    class Puts(HatBase):
+    class Puts(HatStyleBase):
         def on_step_end(self, storage, global_step_id, **kwargs):
             storage.put("step", global_step_id)
             storage.put("state", {f"at{global_step_id}": global_step_id}, always_dict=True)
@@ -262,7 +220,7 @@ def test_storage_has_hats_put():
 def test_grad_scaler_is_a_disabled_scaler_without_amp_and_unscale_works():
     """HAT's GradClip calls grad_scaler.unscale_ in on_optimizer_step_begin, then clips."""
 
-    class HatStyleGradClip(HatBase):
+    class HatStyleGradClip(HatStyleBase):
         def on_backward_end(self, model, grad_scaler, **kwargs):
             self.before = [p.grad.clone() for p in model.parameters()]
             self.scaler_at_backward_end = grad_scaler
@@ -286,7 +244,7 @@ def test_grad_scaler_is_a_disabled_scaler_without_amp_and_unscale_works():
 
 
 def test_metrics_are_passed_as_lists_as_hat_does():
-    class Metrics(HatBase):
+    class Metrics(HatStyleBase):
         def on_step_end(self, train_metrics, val_metrics, **kwargs):
             self.pair = (train_metrics, val_metrics)
 
@@ -299,7 +257,7 @@ def test_metrics_are_passed_as_lists_as_hat_does():
     assert cb.pair[0] == [accuracy] and cb.pair[1] == [None]
 
 
-class GradsAtBatchBegin(HatBase):
+class GradsAtBatchBegin(HatStyleBase):
     def __init__(self):
         self.at_begin, self.at_end = [], []
 
@@ -340,7 +298,7 @@ def test_a_multibatch_processor_zeroes_before_the_first_on_batch_begin_as_in_hat
 
 
 def test_forward_and_backward_hooks_see_the_batch_the_outputs_and_the_gradients():
-    class Around(HatBase):
+    class Around(HatStyleBase):
         def __init__(self):
             self.log = []
 
@@ -376,7 +334,7 @@ class Unsized:
 
 
 def test_the_flush_of_an_unfinished_accumulation_group_fires_on_optimizer_step_begin_first():
-    class Order(HatBase):
+    class Order(HatStyleBase):
         def __init__(self):
             self.log = []
 
@@ -402,7 +360,7 @@ def test_the_flush_of_an_unfinished_accumulation_group_fires_on_optimizer_step_b
 
 
 def test_a_hook_that_unscales_under_fp16_does_not_make_the_processors_clipping_unscale_again():
-    class HatStyleGradClip(HatBase):
+    class HatStyleGradClip(HatStyleBase):
         def on_optimizer_step_begin(self, model, optimizer, grad_scaler, **kwargs):
             self.enabled = grad_scaler.is_enabled()
             grad_scaler.unscale_(optimizer)  # HAT's GradClip
