@@ -98,10 +98,12 @@ def measure(work_dir: str, rounds: int, stage_seconds: dict[str, float]) -> str:
     from hat_ignite.config import Config
     from hat_ignite.data import DigitsImageDataset
     from hat_ignite.quantization import load_quantized_model, save_quantized_model, tensor_bytes
+    from hat_ignite.hat_alias import install_hat_alias
     from hat_ignite.registry import build_from_cfg
 
     ckpts = os.path.join(work_dir, "checkpoints")
     metrics = json.load(open(os.path.join(work_dir, "metrics.json")))
+    install_hat_alias()  # the config imports from hat.*, as HAT configs do
     cfg = Config.fromfile(CONFIG)
     float_model = LoadCheckpoint(os.path.join(ckpts, "float-checkpoint-best.pth.tar"))(build_from_cfg(cfg["model"])).eval()
     data = DigitsImageDataset(split="val", size=cfg["image_size"])
