@@ -50,6 +50,7 @@ BUILTIN_OBJECTS: dict[str, str] = {
     "MeanIoU": "hat_ignite.metrics.segmentation:MeanIoU",
     "MeanIOU": "hat_ignite.metrics.segmentation:MeanIOU",  # HAT's spelling of MeanIoU
     "MeanAveragePrecision": "hat_ignite.metrics.average_precision:MeanAveragePrecision",
+    "MetricAdapter": "hat_ignite.metrics.interop:MetricAdapter",  # a torchmetrics / Ignite metric in HAT's order
     # profilers
     "SimpleProfiler": "hat_ignite.profiler.simple:SimpleProfiler",
     "TorchProfiler": "hat_ignite.profiler.torch_profiler:TorchProfiler",
