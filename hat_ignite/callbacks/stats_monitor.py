@@ -65,7 +65,7 @@ def infer_batch_size(batch: Any) -> int | None:
     if isinstance(batch, torch.Tensor):
         return int(batch.shape[0]) if batch.dim() else None
     if isinstance(batch, Mapping):
-        items = batch.values()
+        items: Any = batch.values()
     elif isinstance(batch, (list, tuple)):
         items = batch
     else:

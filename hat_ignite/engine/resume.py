@@ -249,7 +249,7 @@ class ResumableData:
         self._limit: int | None = None
         self._sampler: _PositionedBatchSampler | None = None
         self._seeded: DataLoader | None = None
-        if _positionable(loader):
+        if isinstance(loader, DataLoader) and _positionable(loader):
             tag = seed_workers and loader.num_workers > 0
             self._sampler = _PositionedBatchSampler(loader.batch_sampler, tag=tag)
             if tag:

@@ -309,7 +309,7 @@ class QAT2Quantize:
         ):
             m.eval()
             m.observing = False
-            m._apply()  # graph in eval mode, observers frozen
+            m._apply_switches()  # graph in eval mode, observers frozen
             m.refresh_qparams()
             converted = convert_pt2e(m.graph)
             _drop_unused_weights(converted)

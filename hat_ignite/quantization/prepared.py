@@ -119,7 +119,7 @@ class PreparedModule(nn.Module):
             return True, True, True
         return False, False, True
 
-    def _apply(self) -> None:
+    def _apply_switches(self) -> None:
         wanted = self._wanted()
         if wanted == self._applied:
             return
@@ -215,7 +215,7 @@ class PreparedModule(nn.Module):
         self._applied = None  # the loaded switches replace the applied ones: re-apply on forward
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        self._apply()
+        self._apply_switches()
         return self.graph(*args, **kwargs)
 
     def extra_repr(self) -> str:
