@@ -250,7 +250,7 @@ def _restore_progress(
         iteration = int(progress["iteration"])
         saved_length = progress.get("epoch_length")
         try:
-            length = len(loop.data_loader)
+            length: int | None = len(loop.data_loader)
         except TypeError:
             length = saved_length
         if saved_length and length and saved_length != length:

@@ -208,7 +208,8 @@ def fire_hat_event(engine: LoopBase, event: Any) -> None:
     engine.last_event_name = event
     hook = _HOOK_BY_INDEX[index]
     outer = engine._kwargs_cache
-    engine._kwargs_cache = cache = {}  # type: dict[str, dict[str, Any]]  # this firing's keywords, shared by its **kwargs hooks
+    cache: dict[str, dict[str, Any]]
+    engine._kwargs_cache = cache = {}  # this firing's keywords, shared by its **kwargs hooks
     shared = None
     try:
         for func, args, kwargs in handlers:

@@ -357,7 +357,7 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
             assert self.num_epochs is not None  # __init__ requires num_epochs with stop_by='epoch'
             if start_step and not start_epoch:  # a restored iteration
                 length = loader_length(self.data_loader)
-                return self.num_epochs == 0 or bool(length) and start_step >= self.num_epochs * length
+                return self.num_epochs == 0 or bool(length) and start_step >= self.num_epochs * (length or 0)
             return self.num_epochs == 0 or start_epoch >= self.num_epochs
         assert self.num_steps is not None  # __init__ requires num_steps with stop_by='step'
         return self.num_steps == 0 or start_step >= self.num_steps

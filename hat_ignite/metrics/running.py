@@ -56,7 +56,8 @@ def _sum_over_ranks(values: torch.Tensor) -> torch.Tensor:
     import ignite.distributed as idist
 
     gathered = idist.all_gather(values)
-    return gathered.reshape(-1, values.numel()).sum(dim=0)
+    # Ignite types the result as any gatherable; a tensor in gives a tensor
+    return gathered.reshape(-1, values.numel()).sum(dim=0)  # type: ignore[union-attr]
 
 
 def _device_for_empty() -> torch.device:

@@ -37,7 +37,7 @@ __all__ = ["STAGES", "PreparedModule", "prepared_modules", "observing"]
 STAGES = ("calibration", "qat", "quantized")
 
 
-def _fake_quantizers(graph: nn.Module) -> list[nn.Module]:
+def _fake_quantizers(graph: nn.Module) -> list[Any]:  # FakeQuantize modules: torch's Module stub hides their methods
     """The fake-quantize modules of a prepared graph (they carry observer/fake-quant switches)."""
     return [m for m in graph.modules() if hasattr(m, "observer_enabled") and hasattr(m, "fake_quant_enabled")]
 
