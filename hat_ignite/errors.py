@@ -18,6 +18,10 @@ class HatIgniteError(Exception):
 class ConfigError(HatIgniteError, ValueError):
     """A config file or a config value is wrong; the message names the file and the key path."""
 
+    #: set by :func:`hat_ignite.registry.config_error` (absent on errors raised otherwise)
+    key_path: str
+    detail: str
+
 
 class CheckpointError(HatIgniteError, RuntimeError):
     """A checkpoint cannot be written or loaded; the message names the absolute path and the reason."""

@@ -133,10 +133,10 @@ class _HatFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         exports = HAT_MODULES.get(name, {})
         module.__path__ = []  # a package: its children are served by this finder too
         module.__doc__ = f"hat-ignite's stand-in for HAT's {name} (see hat_ignite.hat_alias)."
-        module.__all__ = [n for n in exports if not n.startswith("_")]
+        setattr(module, "__all__", [n for n in exports if not n.startswith("_")])
         setattr(module, _MARK, True)
-        module.__getattr__ = _module_getattr(module, exports)  # type: ignore[attr-defined]
-        module.__dir__ = lambda: sorted(set(module.__dict__) | set(exports))  # type: ignore[attr-defined]
+        setattr(module, "__getattr__", _module_getattr(module, exports))  # PEP 562 module __getattr__
+        setattr(module, "__dir__", lambda: sorted(set(module.__dict__) | set(exports)))
 
 
 def hat_alias_installed() -> bool:

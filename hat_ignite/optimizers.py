@@ -13,7 +13,7 @@ __all__ = ["build_optimizer"]
 
 def _param_groups(model: Any, groups: Mapping[str, Any], key_path: str) -> list[dict[str, Any]]:
     """Split ``model``'s trainable parameters into groups by the first matching name pattern."""
-    compiled = []
+    compiled: list[tuple[str, re.Pattern[str], dict[str, Any], list[Any]]] = []
     for pattern, options in groups.items():
         where = f"{key_path}.params[{pattern!r}]"
         try:

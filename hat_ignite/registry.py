@@ -54,8 +54,8 @@ def config_error(key_path: str, detail: str) -> ConfigError:
         'float_trainer.optimizer: lr must be positive.'
     """
     exc = ConfigError(f"{key_path}: {detail}" if key_path else detail)
-    exc.key_path = key_path  # type: ignore[attr-defined]
-    exc.detail = detail  # type: ignore[attr-defined]
+    exc.key_path = key_path
+    exc.detail = detail
     return exc
 
 

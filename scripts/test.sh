@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
-# Set up .venv (scripts/setup.sh) and run the whole test suite.
+# Set up .venv (scripts/setup.sh), run the whole test suite, then type-check hat_ignite with mypy
+# (settings in pyproject.toml's [tool.mypy]). Fails when either fails; mypy runs even when pytest fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec .venv/bin/python -m pytest -q "$@"
+rc=0
+.venv/bin/python -m pytest -q "$@" || rc=$?
+.venv/bin/python -m mypy hat_ignite || rc=$((rc ? rc : 1))
+exit "$rc"

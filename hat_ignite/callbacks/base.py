@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from ignite.engine import Engine
 from ignite.engine.events import RemovableEventHandle
 
 from hat_ignite.engine.dispatch import attach_hooks, is_noop
 from hat_ignite.engine.events import HOOK_EVENTS
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hat_ignite.engine.loop import LoopBase
 
 __all__ = ["CallbackMixin"]
 
@@ -37,43 +39,43 @@ class CallbackMixin:
         ['on_step_end']
     """
 
-    def on_loop_begin(self, **kwargs: Any) -> None:
+    def on_loop_begin(self, *args: Any, **kwargs: Any) -> None:
         """Once, before the first epoch."""
 
-    def on_epoch_begin(self, **kwargs: Any) -> None:
+    def on_epoch_begin(self, *args: Any, **kwargs: Any) -> None:
         """At the start of each epoch (after the sampler's ``set_epoch``)."""
 
-    def on_step_begin(self, **kwargs: Any) -> None:
+    def on_step_begin(self, *args: Any, **kwargs: Any) -> None:
         """At the start of each step."""
 
-    def on_batch_begin(self, **kwargs: Any) -> None:
+    def on_batch_begin(self, *args: Any, **kwargs: Any) -> None:
         """Before each batch; a multitask step may have several batches."""
 
-    def on_forward_begin(self, **kwargs: Any) -> None:
+    def on_forward_begin(self, *args: Any, **kwargs: Any) -> None:
         """Right before each batch's forward (after the device move and batch transforms)."""
 
-    def on_forward_end(self, **kwargs: Any) -> None:
+    def on_forward_end(self, *args: Any, **kwargs: Any) -> None:
         """Right after each batch's forward (and inverse transforms)."""
 
-    def on_backward_begin(self, **kwargs: Any) -> None:
+    def on_backward_begin(self, *args: Any, **kwargs: Any) -> None:
         """Right before each batch's backward (training only)."""
 
-    def on_backward_end(self, **kwargs: Any) -> None:
+    def on_backward_end(self, *args: Any, **kwargs: Any) -> None:
         """After each batch's backward (training only)."""
 
-    def on_optimizer_step_begin(self, **kwargs: Any) -> None:
+    def on_optimizer_step_begin(self, *args: Any, **kwargs: Any) -> None:
         """Right before each optimizer update (gradients final, not yet checked or clipped)."""
 
-    def on_batch_end(self, **kwargs: Any) -> None:
+    def on_batch_end(self, *args: Any, **kwargs: Any) -> None:
         """After each batch; a multitask step may have several batches."""
 
-    def on_step_end(self, **kwargs: Any) -> None:
+    def on_step_end(self, *args: Any, **kwargs: Any) -> None:
         """At the end of each step, after the batch processor returns."""
 
-    def on_epoch_end(self, **kwargs: Any) -> None:
+    def on_epoch_end(self, *args: Any, **kwargs: Any) -> None:
         """At the end of each epoch, or when a step limit ends the run inside one."""
 
-    def on_loop_end(self, **kwargs: Any) -> None:
+    def on_loop_end(self, *args: Any, **kwargs: Any) -> None:
         """Once, after the last epoch."""
 
     def overridden_hooks(self) -> list[str]:
@@ -85,7 +87,7 @@ class CallbackMixin:
         """The bound method to attach for each hook of :meth:`overridden_hooks`."""
         return {h: getattr(self, h) for h in self.overridden_hooks()}
 
-    def attach(self, engine: Engine) -> list[RemovableEventHandle]:
+    def attach(self, engine: LoopBase) -> list[RemovableEventHandle]:
         """Register the overridden hooks on ``engine``; return handles to detach them."""
         return attach_hooks(engine, self, self.hook_methods())
 

@@ -117,7 +117,7 @@ def with_content_hash(payload: Mapping[str, Any]) -> dict[str, Any]:
     >>> ckpt[FORMAT_KEY], ckpt[HASH_KEY] == content_hash(ckpt)
     (1, True)
     """
-    out = {FORMAT_KEY: FORMAT_VERSION}
+    out: dict[str, Any] = {FORMAT_KEY: FORMAT_VERSION}
     out.update((k, v) for k, v in payload.items() if k not in (FORMAT_KEY, HASH_KEY))
     out[HASH_KEY] = content_hash(out)
     return out

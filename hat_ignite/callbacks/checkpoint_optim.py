@@ -143,7 +143,7 @@ def load_optimizer_state(
         return
     _check_groups(optimizer, saved, path)
     try:
-        optimizer.load_state_dict(saved)
+        optimizer.load_state_dict(dict(saved))  # torch takes a (shallow) copy of it anyway
     except (ValueError, KeyError, RuntimeError, TypeError) as exc:
         raise _refuse(path, f"does not load into this run's {own_type} ({type(exc).__name__}: {exc})") from exc
     _check_options(optimizer, path, saved_type)

@@ -139,7 +139,7 @@ def training_state(loop: LoopBase, epoch_id: int, global_step_id: int) -> dict[s
     from hat_ignite import __version__
 
     state = loop.state
-    scaler = getattr(loop.batch_processor, "grad_scaler", None)
+    scaler: Any = getattr(loop.batch_processor, "grad_scaler", None)
     return {
         "epoch": int(epoch_id),
         "step": int(global_step_id),

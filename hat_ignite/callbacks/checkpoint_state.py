@@ -208,7 +208,7 @@ def _restore_optimizer(
     ensure = getattr(loop.batch_processor, "ensure_grad_scaler", None)
     if ckpt.get("grad_scaler") and callable(ensure):
         ensure(loop.torch_device)  # fp16 processors create their scaler lazily: create it now
-    scaler = getattr(loop.batch_processor, "grad_scaler", None)
+    scaler: Any = getattr(loop.batch_processor, "grad_scaler", None)
     if ckpt.get("grad_scaler"):
         if callable(getattr(scaler, "load_state_dict", None)):
             scaler.load_state_dict(ckpt["grad_scaler"])
@@ -250,7 +250,7 @@ def _restore_progress(
         iteration = int(progress["iteration"])
         saved_length = progress.get("epoch_length")
         try:
-            length = len(loop.data_loader)  # type: ignore[arg-type]
+            length: int | None = len(loop.data_loader)
         except TypeError:
             length = saved_length
         if saved_length and length and saved_length != length:

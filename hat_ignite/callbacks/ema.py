@@ -146,6 +146,7 @@ class ExponentialMovingAverage(CallbackMixin):
         their_buffers = dict(source.named_buffers())
         if my_buffers.keys() != their_buffers.keys():
             raise _mismatch("buffers", set(my_buffers), set(their_buffers))
+        averaged: list[tuple[torch.Tensor, torch.Tensor]]
         averaged = [(mine[n], theirs[n]) for n in mine if mine[n].is_floating_point()]
         for name, buf in my_buffers.items():
             if self.handle_buffers == "ema" and buf.is_floating_point():

@@ -69,16 +69,18 @@ def _fusable(layer: nn.Module, bn: nn.Module) -> bool:
 
 
 @torch.no_grad()
-def _fuse_pair(layer: nn.Module, bn: _BatchNorm) -> None:
+def _fuse_pair(layer: nn.Linear | _ConvNd, bn: _BatchNorm) -> None:
     """Fold ``bn`` into ``layer``'s weight (rewritten in place) and bias (created when absent)."""
-    ones, zeros = torch.ones_like(bn.running_mean), torch.zeros_like(bn.running_mean)
+    mean, var = bn.running_mean, bn.running_var
+    assert mean is not None and var is not None  # _fusable checked them
+    ones, zeros = torch.ones_like(mean), torch.zeros_like(mean)
     bn_w = bn.weight if bn.weight is not None else ones
     bn_b = bn.bias if bn.bias is not None else zeros
     if isinstance(layer, nn.Linear):
-        weight, bias = fuse_linear_bn_weights(layer.weight, layer.bias, bn.running_mean, bn.running_var, bn.eps, bn_w, bn_b)
+        weight, bias = fuse_linear_bn_weights(layer.weight, layer.bias, mean, var, bn.eps, bn_w, bn_b)
     else:
         weight, bias = fuse_conv_bn_weights(
-            layer.weight, layer.bias, bn.running_mean, bn.running_var, bn.eps, bn_w, bn_b,
+            layer.weight, layer.bias, mean, var, bn.eps, bn_w, bn_b,
             transpose=isinstance(layer, _ConvTransposeNd),
         )
     layer.weight.copy_(weight)

@@ -36,7 +36,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, cast
 
 import torch
 
@@ -196,13 +196,14 @@ class LrUpdaterBase(CallbackMixin):
             if self.warmup_by == "epoch" or self.update_by == "epoch":
                 spe = self.require(spe, f"the steps per epoch (warmup_by={self.warmup_by!r}, "
                                         f"update_by={self.update_by!r})")
-            self.warmup_steps = self.warmup_len * spe if self.warmup_by == "epoch" else self.warmup_len
+            # spe is required above when warmup_by == "epoch"
+            self.warmup_steps = self.warmup_len * cast(int, spe) if self.warmup_by == "epoch" else self.warmup_len
             if self.update_by == "step":
                 self.warmup_updates = self.warmup_steps
             elif self.warmup_by == "epoch":
                 self.warmup_updates = self.warmup_len
             else:
-                self.warmup_updates = math.ceil(self.warmup_len / spe)
+                self.warmup_updates = math.ceil(self.warmup_len / cast(int, spe))  # update_by='epoch': required above
         groups = optimizer.param_groups
         if self._restored_base_lrs is not None:
             if len(self._restored_base_lrs) != len(groups):

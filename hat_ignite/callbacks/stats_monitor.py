@@ -65,7 +65,7 @@ def infer_batch_size(batch: Any) -> int | None:
     if isinstance(batch, torch.Tensor):
         return int(batch.shape[0]) if batch.dim() else None
     if isinstance(batch, Mapping):
-        items = batch.values()
+        items: Any = batch.values()
     elif isinstance(batch, (list, tuple)):
         items = batch
     else:
@@ -262,7 +262,7 @@ class StatsMonitor(CallbackMixin):
         self._fold()
         span = self._interval
         self._interval = _Totals()
-        figures = {
+        figures: dict[str, Any] = {
             "epoch_id": epoch_id, "step_id": step_id, "global_step_id": global_step_id,
             "data_time": span.per_step(span.data), "compute_time": span.per_step(span.compute),
             "step_time": span.per_step(span.data + span.compute), "samples_per_sec": span.samples_per_sec(),
@@ -292,7 +292,7 @@ class StatsMonitor(CallbackMixin):
     ) -> None:
         self._fold()
         epoch = self._epoch
-        figures = {
+        figures: dict[str, Any] = {
             "epoch_id": epoch_id, "global_step_id": global_step_id, "epoch_time": self._clock() - self._epoch_start,
             "epoch_steps": epoch.steps, "epoch_data_time": epoch.per_step(epoch.data),
             "epoch_compute_time": epoch.per_step(epoch.compute), "epoch_samples_per_sec": epoch.samples_per_sec(),

@@ -83,8 +83,8 @@ def describe_engine(engine: Any, stage_key: str) -> str:
     ignite_events = [e for e in Events if e not in HatEvents and engine.event_handlers(e)]
     if ignite_events:
         out.append("Ignite events (engine bookkeeping and handlers attached to them):")
-        for event in ignite_events:
-            out.append(f"  {event.name}: " + ", ".join(engine.event_handlers(event)))
+        for ignite_event in ignite_events:
+            out.append(f"  {ignite_event.name}: " + ", ".join(engine.event_handlers(ignite_event)))
     registered = {name for event in HatEvents for name in engine.event_handlers(event)}
     unattached = [
         f"callbacks[{i}] {type(cb).__name__}" for i, cb in enumerate(engine.callbacks)

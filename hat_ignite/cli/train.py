@@ -197,7 +197,7 @@ def _train(argv: Sequence[str]) -> int:
 
     found = find_resume(trainer, args.resume, work_path) if args.resume else None
     finished = finished_run(trainer, found[1], cfg[stage_key], work_path, args.stage) if found else None
-    if finished:  # before anything is written: resuming a finished run changes no file
+    if finished and found:  # before anything is written: resuming a finished run changes no file
         logger.info("the run in %s is already finished (%s; checkpoint %s): nothing to do. To train longer, "
                     "resume with a larger num_epochs/num_steps in --opts.", work_path, finished, found[0])
         return 0

@@ -155,7 +155,7 @@ class LogFile(logging.FileHandler):
     def _drop(self) -> None:
         """Stop writing: detach the handler; what is still buffered goes to the null device."""
         logging.getLogger().removeHandler(self)
-        stream, self.stream = self.stream, None  # type: ignore[assignment]
+        stream, self.stream = self.stream, None
         if stream is None:
             return
         try:

@@ -67,7 +67,7 @@ class MultitaskLoader:
         lengths = []
         for name, loader in self.loaders.items():
             try:
-                lengths.append(len(loader))  # type: ignore[arg-type]
+                lengths.append(len(loader))
             except TypeError as exc:
                 raise TypeError(
                     f"MultitaskLoader: the loader of task {name!r} has no length; pass num_steps "

@@ -37,7 +37,7 @@ from hat_ignite.errors import DataError
 if TYPE_CHECKING:
     from hat_ignite.engine.loop import LoopBase
 
-_STEP_BEGIN, _STEP_END = HatEvents.STEP_BEGIN.hat_index, HatEvents.STEP_END.hat_index  # type: ignore[attr-defined]
+_STEP_BEGIN, _STEP_END = HatEvents.STEP_BEGIN.hat_index, HatEvents.STEP_END.hat_index
 
 
 def loader_length(data_loader: Iterable) -> int | None:

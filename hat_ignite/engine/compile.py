@@ -198,7 +198,7 @@ class Torch2Compile:
             raise TypeError(f"Torch2Compile compiles a torch.nn.Module, got {type(model).__name__}.")
         self._configure_dynamo()
         for name, child in _match_children(model, self.skip_modules, self.regex, self.strict, "skip_modules"):
-            child.forward = _EagerForward(child)  # type: ignore[method-assign]
+            child.forward = _EagerForward(child)
             logger.info("Torch2Compile: %s runs outside the compiled graph.", name)
         if self.compile_submodules:
             targets = list(_match_children(model, self.compile_submodules, self.regex, self.strict,
@@ -206,7 +206,7 @@ class Torch2Compile:
         else:
             targets = [("", model)]
         for _, module in targets:
-            module.forward = _CompiledForward(module, dict(self.compile_kwargs))  # type: ignore[method-assign]
+            module.forward = _CompiledForward(module, dict(self.compile_kwargs))
         names = ", ".join(n for n, _ in targets) if self.compile_submodules else type(model).__name__
         logger.info("Torch2Compile: %s compiled with torch.compile(%s); the first steps are slower "
                     "while it compiles.", names, ", ".join(f"{k}={v!r}" for k, v in self.compile_kwargs.items()))

@@ -208,6 +208,7 @@ def fire_hat_event(engine: LoopBase, event: Any) -> None:
     engine.last_event_name = event
     hook = _HOOK_BY_INDEX[index]
     outer = engine._kwargs_cache
+    cache: dict[str, dict[str, Any]]
     engine._kwargs_cache = cache = {}  # this firing's keywords, shared by its **kwargs hooks
     shared = None
     try:

@@ -34,7 +34,8 @@ def shared_seed() -> int:
     import ignite.distributed as idist
 
     seed = torch.tensor([torch.initial_seed() % (2**31)], dtype=torch.int64)
-    return int(idist.broadcast(seed, src=0).item())
+    # Ignite's stub: a tensor in gives a tensor
+    return int(idist.broadcast(seed, src=0).item())  # type: ignore[union-attr]
 
 
 def _is_distributed(sampler: Any) -> bool:
@@ -95,7 +96,9 @@ def distributed_loader(loader: Any, num_replicas: int, rank: int, seed: int = 0)
         return loader
     dataset = loader.dataset
     if type(sampler) is SequentialSampler or (
-        type(sampler) is RandomSampler and not sampler.replacement and sampler.num_samples == len(loader.dataset)
+        type(sampler) is RandomSampler and not sampler.replacement
+        # torch's Dataset stub has no __len__
+        and sampler.num_samples == len(loader.dataset)  # type: ignore[arg-type]
     ):
         new_sampler: Any = DistributedSampler(
             dataset, num_replicas=num_replicas, rank=rank, shuffle=type(sampler) is RandomSampler, seed=seed
@@ -103,7 +106,8 @@ def distributed_loader(loader: Any, num_replicas: int, rank: int, seed: int = 0)
     else:
         from ignite.distributed import DistributedProxySampler
 
-        new_sampler = DistributedProxySampler(sampler, num_replicas=num_replicas, rank=rank)
+        # torch types DataLoader.sampler as Sampler | Iterable
+        new_sampler = DistributedProxySampler(sampler, num_replicas=num_replicas, rank=rank)  # type: ignore[arg-type]
     kwargs = {name: getattr(loader, name) for name in _LOADER_ARGS if hasattr(loader, name)}
     if loader.num_workers > 0:
         kwargs["prefetch_factor"] = loader.prefetch_factor

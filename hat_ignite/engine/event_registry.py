@@ -12,18 +12,25 @@ from __future__ import annotations
 
 import logging
 import weakref
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from ignite.engine import Events
+from ignite.engine import Engine, Events
 
 from hat_ignite.engine.bridge import on_iteration_started
 from hat_ignite.engine.dispatch import fire_hat_event
 from hat_ignite.engine.events import EVENT_COUNTERS, HatEvents
 from hat_ignite.engine.state import kwargs_builder
 
+if TYPE_CHECKING:  # pragma: no cover
+    from hat_ignite.engine.loop import LoopBase
+
+    _EngineBase = Engine  # the mixin's ``super()`` calls reach Ignite's Engine (see LoopBase's bases)
+else:
+    _EngineBase = object
+
 __all__ = ["HatEventsMixin", "quiet_ignite_messages"]
 
-_STEP_BEGIN = HatEvents.STEP_BEGIN.hat_index  # type: ignore[attr-defined]
+_STEP_BEGIN = HatEvents.STEP_BEGIN.hat_index
 
 #: How the messages Ignite's ``Engine`` logs itself begin (run start/end, "Epoch[n] Complete" with
 #: 1-based epochs, terminate/interrupt notes, and an exception's message, logged twice before it
@@ -65,7 +72,7 @@ def quiet_ignite_messages(logger: logging.Logger) -> logging.Logger:
     return logger
 
 
-class HatEventsMixin:
+class HatEventsMixin(_EngineBase):
     """Event registry and firing of a hat-ignite engine (mixed into an Ignite ``Engine``)."""
 
     _event_handlers: Any
@@ -76,7 +83,7 @@ class HatEventsMixin:
 
     def _init_hat_events(self) -> None:
         """Register the HAT events and the handler-list view; called once, from ``__init__``."""
-        self.register_events(*HatEvents, event_to_attr=EVENT_COUNTERS)  # type: ignore[attr-defined]
+        self.register_events(*HatEvents, event_to_attr=EVENT_COUNTERS)
         #: The handler lists of the thirteen HAT events, by ``event.hat_index``: the very lists of
         #: Ignite's registry (kept in step by add/remove_event_handler), read without hashing.
         self.hat_handlers: list[list] = []
@@ -91,7 +98,8 @@ class HatEventsMixin:
         :meth:`hook_kwargs`).
         """
         if event_name.__class__ is HatEvents:
-            fire_hat_event(self, event_name)
+            loop: Any = self  # a LoopBase: the only class this mixin goes into
+            fire_hat_event(loop, event_name)
             return
         super().fire_event(event_name)
 
@@ -107,7 +115,7 @@ class HatEventsMixin:
         nothing else private is replaced).
         """
         if self.logger.isEnabledFor(logging.DEBUG):
-            super()._fire_event(event_name, *event_args, **event_kwargs)  # type: ignore[misc]
+            super()._fire_event(event_name, *event_args, **event_kwargs)
             return
         self.last_event_name = event_name
         for func, args, kwargs in self._event_handlers[event_name]:
@@ -173,5 +181,6 @@ class HatEventsMixin:
         """The keywords HAT passes to ``hook`` right now (built once per firing)."""
         kwargs = self._kwargs_cache.get(hook)
         if kwargs is None:
-            kwargs = self._kwargs_cache[hook] = kwargs_builder(hook)(self)
+            loop: Any = self  # a LoopBase: the only class this mixin goes into
+            kwargs = self._kwargs_cache[hook] = kwargs_builder(hook)(loop)
         return kwargs

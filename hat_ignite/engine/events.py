@@ -74,10 +74,13 @@ class HatEvents(EventEnum):
     EPOCH_END = "hat_epoch_end"
     LOOP_END = "hat_loop_end"
 
+    #: position in the engine's ``hat_handlers`` list, set on each member below
+    hat_index: int
+
 
 for _index, _event in enumerate(HatEvents):
     # position of each event in the engine's ``hat_handlers`` list (see LoopBase.hat_handlers)
-    _event.hat_index = _index  # type: ignore[attr-defined]
+    _event.hat_index = _index
 del _index, _event
 
 #: HAT callback method name -> the event it is attached to, in firing order.

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from typing import Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence, cast
 
 import torch
 from ignite.engine import Engine, Events
@@ -156,6 +156,12 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
     error.
     """
 
+    if TYPE_CHECKING:  # defined by the trainers, the only loops that set ``train_mode_model``
+
+        def restore_train_mode(self) -> None: ...
+
+        def note_train_modes(self) -> None: ...
+
     def __init__(
         self,
         model: torch.nn.Module | dict,
@@ -185,7 +191,9 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
                 f"batch_processor must be callable as processor(engine, batch), got "
                 f"{type(batch_processor).__name__}. Use a BasicBatchProcessor or MultiBatchProcessor."
             )
-        super().__init__(run_step)  # the batch processor, wrapped in the HAT step (see bridge.py)
+        # the batch processor, wrapped in the HAT step (see bridge.py); Ignite types the process
+        # function's engine as a plain Engine, where it is this LoopBase
+        super().__init__(run_step)  # type: ignore[arg-type]
         self.state = HatState()
         self._init_hat_events()
         self.logger = quiet_ignite_messages(logging.getLogger(f"hat_ignite.engine.{type(self).__name__}"))
@@ -215,8 +223,8 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
             raise TypeError(f"model must be a torch.nn.Module or a model config, got {type(model).__name__}.")
         pipeline = build_if_config(model_convert_pipeline, "model_convert_pipeline")
         for convert in ([] if pipeline is None else pipeline if isinstance(pipeline, (list, tuple)) else [pipeline]):
-            model = convert(model)
-        self.model = model.to(self.torch_device) if self.torch_device.type != "cpu" else model
+            model = cast(torch.nn.Module, convert(model))  # a converter returns the converted model
+        self.model: torch.nn.Module = model.to(self.torch_device) if self.torch_device.type != "cpu" else model
         if compiler is not None and compiler is not False:
             from hat_ignite.engine.compile import apply_compiler, build_compiler  # only runs that compile
 
@@ -346,10 +354,12 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
         start_epoch = self.start_epoch if start_epoch is None else start_epoch
         start_step = self.start_step if start_step is None else start_step
         if self.stop_by == "epoch":
+            assert self.num_epochs is not None  # __init__ requires num_epochs with stop_by='epoch'
             if start_step and not start_epoch:  # a restored iteration
                 length = loader_length(self.data_loader)
-                return self.num_epochs == 0 or bool(length) and start_step >= self.num_epochs * length
+                return self.num_epochs == 0 or bool(length) and start_step >= self.num_epochs * (length or 0)
             return self.num_epochs == 0 or start_epoch >= self.num_epochs
+        assert self.num_steps is not None  # __init__ requires num_steps with stop_by='step'
         return self.num_steps == 0 or start_step >= self.num_steps
 
     def fit(self) -> HatState:

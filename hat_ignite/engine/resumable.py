@@ -43,19 +43,26 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
 from hat_ignite.engine.resume import ResumableData, set_rng_state
 from hat_ignite.engine.stop_vote import StopVote
 
+if TYPE_CHECKING:  # pragma: no cover
+    from ignite.engine import Engine
+
+    _EngineBase = Engine  # the mixin's ``super()`` calls reach Ignite's Engine (see LoopBase's bases)
+else:
+    _EngineBase = object
+
 __all__ = ["ResumableLoopMixin"]
 
 logger = logging.getLogger(__name__)
 
 
-class ResumableLoopMixin:
+class ResumableLoopMixin(_EngineBase):
     """Resume and stop-request support mixed into ``LoopBase`` (which is an Ignite ``Engine``)."""
 
     state: Any
@@ -164,7 +171,7 @@ class ResumableLoopMixin:
         ``trainer.load_state_dict(sd)``, then ``fit()``) goes on at the restored iteration, as
         ``run()`` would, up to this loop's ``num_epochs`` / ``num_steps``.
         """
-        super().load_state_dict(state_dict)  # type: ignore[misc]
+        super().load_state_dict(state_dict)
         self._state_restored = True
 
     # -- used by fit() and the bridge handlers --------------------------------------------------
@@ -270,4 +277,4 @@ class ResumableLoopMixin:
         if vote is not None:
             torch.distributed.barrier()  # rank 0 has written the checkpoint when any rank goes on
         self.logger.warning("Stopping after global step %d: %s.", self.state.iteration - 1, reason)
-        self.terminate()  # type: ignore[attr-defined]
+        self.terminate()

@@ -241,7 +241,7 @@ class ResumableData:
     """
 
     def __init__(self, loader: Iterable, seed_workers: bool = True) -> None:
-        self.loader = loader
+        self.loader: Any = loader  # a DataLoader where _positionable(loader), else any iterable
         self.seed_workers = seed_workers
         #: Generator states at the start of the running epoch (``None`` before the first).
         self.epoch_generators: dict[str, Any] | None = None
@@ -249,14 +249,14 @@ class ResumableData:
         self._limit: int | None = None
         self._sampler: _PositionedBatchSampler | None = None
         self._seeded: DataLoader | None = None
-        if _positionable(loader):
+        if isinstance(loader, DataLoader) and _positionable(loader):
             tag = seed_workers and loader.num_workers > 0
             self._sampler = _PositionedBatchSampler(loader.batch_sampler, tag=tag)
             if tag:
                 self._seeded = _derive(loader, self._sampler, _BatchSeededDataset(loader.dataset))
 
     def __len__(self) -> int:
-        return len(self.loader)  # type: ignore[arg-type]  # TypeError: no length, as Ignite expects
+        return len(self.loader)  # TypeError: no length, as Ignite expects
 
     @property
     def seeds_workers(self) -> bool:
@@ -327,7 +327,7 @@ class ResumableData:
             if self._seeded is not None:
                 return iter(self._seeded)
             if skip:
-                return iter(_derive(self.loader, sampler, self.loader.dataset))  # type: ignore[arg-type]
+                return iter(_derive(self.loader, sampler, self.loader.dataset))
             return iter(self.loader)
         iterator = iter(self.loader)
         if skip:

@@ -169,7 +169,8 @@ class EvalMetric:
             import ignite.distributed as idist
 
             reduced = idist.all_reduce(torch.tensor([float(total), float(count)], dtype=torch.float64))
-            total, count = float(reduced[0]), float(reduced[1])
+            # Ignite's stub: a tensor in gives a tensor
+            total, count = float(reduced[0]), float(reduced[1])  # type: ignore[index]
         count = float(count)
         return float(total) / count if count else math.nan
 

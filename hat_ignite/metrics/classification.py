@@ -235,7 +235,7 @@ class _MulticlassAccuracy(EvalMetric):
         self.reset()
         super().load_state_dict({k: v for k, v in state.items() if k != "parts"})
         self._hits.load_state_dict(state.get("hits") or {})
-        classes = state.get("scores_classes")
+        classes: Any = state.get("scores_classes")
         scores = state.get("scores")
         if scores is not None:
             target = self._scores if self._scores is not None else self._score_state(int(classes))

@@ -56,7 +56,8 @@ def _sum_over_ranks(values: torch.Tensor) -> torch.Tensor:
     import ignite.distributed as idist
 
     gathered = idist.all_gather(values)
-    return gathered.reshape(-1, values.numel()).sum(dim=0)
+    # Ignite types the result as any gatherable; a tensor in gives a tensor
+    return gathered.reshape(-1, values.numel()).sum(dim=0)  # type: ignore[union-attr]
 
 
 def _device_for_empty() -> torch.device:
@@ -218,7 +219,7 @@ class RunningCounts:
         if counted.__class__ is int:
             self.host_counted += counted
         else:
-            self._pending_counted.append(counted)
+            self._pending_counted.append(counted)  # type: ignore[arg-type]  # a mask: ints took the branch above
         self.updates += 1
         self._pending_size += hits.numel()
         if len(pending) >= _FOLD_EVERY or self._pending_size >= _FOLD_SIZE:
@@ -366,8 +367,8 @@ class RunningCounts:
         if not updates or (nan_if_none_counted and not counted):
             return None
         if hits.__class__ is int and counted.__class__ is int:
-            return torch.tensor(_host_ratio(hits, counted), dtype=torch.float32)  # type: ignore[arg-type]
-        device = hits.device if isinstance(hits, torch.Tensor) else counted.device  # type: ignore[union-attr]
+            return torch.tensor(_host_ratio(hits, counted), dtype=torch.float32)
+        device = hits.device if isinstance(hits, torch.Tensor) else counted.device
         if not counted:
             return torch.zeros((), dtype=torch.float32, device=device)
         return torch.as_tensor(hits, device=device).float() / torch.as_tensor(counted, device=device).float()
@@ -379,7 +380,7 @@ class RunningCounts:
             if hits.__class__ is int and counted.__class__ is int:
                 if not updates or (nan_if_none_counted and not counted):
                     return None
-                return _host_ratio(hits, counted)  # type: ignore[arg-type]
+                return _host_ratio(hits, counted)
         result = self.compute(nan_if_none_counted)
         return None if result is None else float(result.item())
 

@@ -104,7 +104,7 @@ class SimpleProfiler(ProfilerBase):
 
     def run_finished(self, engine: LoopBase) -> None:
         self.wall_s = wall = time.perf_counter() - self._t0
-        rows = [
+        rows: list[dict[str, Any]] = [
             {"name": name, "calls": self._calls[name], "total_s": total,
              "mean_ms": total / self._calls[name] * 1e3, "percent": 100.0 * total / wall if wall else 0.0}
             for name, total in self._totals.items()

@@ -23,7 +23,7 @@ torchao is imported only when a converter runs.
 from __future__ import annotations
 
 import logging
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from torch import nn
 
@@ -32,6 +32,9 @@ from hat_ignite.quantization.capture import capture_inputs, example_batch, expor
 from hat_ignite.quantization.prepared import PreparedModule, prepared_modules
 from hat_ignite.quantization.qconfig import check_convert_mode, check_qat_mode
 from hat_ignite.quantization.torchao_import import import_torchao
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torch.fx import GraphModule
 
 __all__ = [
     "default_quantizer",
@@ -70,7 +73,7 @@ def _replace(model: nn.Module, old: nn.Module, new: nn.Module) -> nn.Module:
     raise QuantizationError(f"internal: {type(old).__name__} is not inside {type(model).__name__}.")
 
 
-def _fold_batch_norms(graph: nn.Module) -> None:
+def _fold_batch_norms(graph: GraphModule) -> None:
     """Fold every BatchNorm that follows a conv or linear in an eval-form exported graph into its
     weights (torchao's passes), and drop the folded BatchNorms' parameters and statistics."""
     import_torchao()
@@ -264,7 +267,7 @@ class Calibration2QAT:
         return "Calibration2QAT()"
 
 
-def _drop_unused_weights(graph: nn.Module) -> int:
+def _drop_unused_weights(graph: GraphModule) -> int:
     """Delete parameters and buffers the converted graph no longer reads (the float weights)."""
     used = {node.target for node in graph.graph.nodes if node.op == "get_attr"}
     dropped = 0
@@ -309,7 +312,7 @@ class QAT2Quantize:
         ):
             m.eval()
             m.observing = False
-            m._apply()  # graph in eval mode, observers frozen
+            m._apply_switches()  # graph in eval mode, observers frozen
             m.refresh_qparams()
             converted = convert_pt2e(m.graph)
             _drop_unused_weights(converted)

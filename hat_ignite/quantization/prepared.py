@@ -37,7 +37,7 @@ __all__ = ["STAGES", "PreparedModule", "prepared_modules", "observing"]
 STAGES = ("calibration", "qat", "quantized")
 
 
-def _fake_quantizers(graph: nn.Module) -> list[nn.Module]:
+def _fake_quantizers(graph: nn.Module) -> list[Any]:  # FakeQuantize modules: torch's Module stub hides their methods
     """The fake-quantize modules of a prepared graph (they carry observer/fake-quant switches)."""
     return [m for m in graph.modules() if hasattr(m, "observer_enabled") and hasattr(m, "fake_quant_enabled")]
 
@@ -119,7 +119,7 @@ class PreparedModule(nn.Module):
             return True, True, True
         return False, False, True
 
-    def _apply(self) -> None:
+    def _apply_switches(self) -> None:
         wanted = self._wanted()
         if wanted == self._applied:
             return
@@ -215,7 +215,7 @@ class PreparedModule(nn.Module):
         self._applied = None  # the loaded switches replace the applied ones: re-apply on forward
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        self._apply()
+        self._apply_switches()
         return self.graph(*args, **kwargs)
 
     def extra_repr(self) -> str:

@@ -54,7 +54,7 @@ __all__ = ["BatchProcessorMixin", "move_to_device", "convert_channels_last", "re
 
 _NULL = contextlib.nullcontext()
 _BATCH_BEGIN, _FORWARD_BEGIN, _FORWARD_END, _BACKWARD_BEGIN, _BACKWARD_END, _OPTIMIZER_STEP_BEGIN, _BATCH_END = (
-    event.hat_index  # type: ignore[attr-defined]
+    event.hat_index
     for event in (
         HatEvents.BATCH_BEGIN, HatEvents.FORWARD_BEGIN, HatEvents.FORWARD_END, HatEvents.BACKWARD_BEGIN,
         HatEvents.BACKWARD_END, HatEvents.OPTIMIZER_STEP_BEGIN, HatEvents.BATCH_END,

@@ -51,7 +51,7 @@ def convert_channels_last(batch: Any, keys: Sequence[str] | None = None) -> Any:
                 out[k] = v.contiguous(memory_format=torch.channels_last)
             else:
                 out[k] = convert_channels_last(v, keys)
-        return type(batch)(out) if not isinstance(batch, dict) or type(batch) is not dict else out
+        return type(batch)(out) if not isinstance(batch, dict) or type(batch) is not dict else out  # type: ignore[call-arg]
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):
         return type(batch)(*(convert_channels_last(v, keys) for v in batch))
     if isinstance(batch, (list, tuple)):
@@ -70,7 +70,7 @@ def resolve_amp_dtype(dtype: torch.dtype | str) -> torch.dtype:
         dtype = {"float16": torch.float16, "half": torch.float16, "bfloat16": torch.bfloat16}.get(name, dtype)
     if dtype not in (torch.float16, torch.bfloat16):
         raise ValueError(f"enable_amp_dtype must be torch.float16 or torch.bfloat16, got {dtype!r}.")
-    return dtype  # type: ignore[return-value]
+    return dtype
 
 
 def as_model_args(batch: Any) -> tuple:

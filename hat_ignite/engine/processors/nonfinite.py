@@ -79,7 +79,8 @@ def all_ranks_finite(finite: bool) -> bool:
     if idist.get_world_size() <= 1:
         return finite
     flag = torch.tensor([0.0 if finite else 1.0], device=idist.device())
-    return float(idist.all_reduce(flag).item()) == 0.0
+    # Ignite's stub: a tensor in gives a tensor
+    return float(idist.all_reduce(flag).item()) == 0.0  # type: ignore[union-attr]
 
 
 def _value(t: torch.Tensor) -> float:
