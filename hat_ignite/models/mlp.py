@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 import torch
 from torch import nn
-from torch.nn import functional as F
+
+from hat_ignite.models.classifier import SelfLossClassifier
 
 __all__ = ["MLPClassifier"]
 
 
-class MLPClassifier(nn.Module):
+class MLPClassifier(SelfLossClassifier):
     """``in_features -> hidden_features -> ... -> num_classes`` with ReLU, trained by cross entropy.
 
     As HAT models do, the model computes its own loss: in training mode it returns
@@ -68,23 +66,6 @@ class MLPClassifier(nn.Module):
         self.input_key = input_key
         self.label_key = label_key
 
-    def forward(self, data: Any, labels: torch.Tensor | None = None) -> Any:
-        """Classify ``data`` (a tensor or a dict batch); see the class docstring for outputs."""
-        if isinstance(data, Mapping):
-            if self.input_key not in data:
-                raise KeyError(
-                    f"MLPClassifier: the batch has no {self.input_key!r} key (keys: {sorted(data)}); "
-                    f"set input_key to the key of the input tensor."
-                )
-            if labels is None:
-                labels = data.get(self.label_key)
-            data = data[self.input_key]
-        logits = self.net(data.reshape(data.shape[0], -1))
-        if not self.training:
-            return logits
-        if labels is None:
-            raise ValueError(
-                f"MLPClassifier in training mode needs labels: pass a dict batch with "
-                f"{self.label_key!r} or call model(inputs, labels); call model.eval() to predict."
-            )
-        return {"cls_loss": F.cross_entropy(logits, labels)}, logits
+    def logits(self, data: torch.Tensor) -> torch.Tensor:
+        """The ``[B, num_classes]`` logits of ``data``."""
+        return self.net(data.reshape(data.shape[0], -1))

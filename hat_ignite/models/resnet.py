@@ -10,12 +10,12 @@ pair is an ``nn.Sequential(conv, bn)``, so :class:`~hat_ignite.callbacks.fuse_bn
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import torch
 from torch import nn
-from torch.nn import functional as F
+
+from hat_ignite.models.classifier import SelfLossClassifier
 
 __all__ = ["ConvBN", "BasicBlock", "ResNetClassifier"]
 
@@ -80,7 +80,7 @@ def _resnet(in_channels: int, stem_channels: int, widths: Sequence[int], blocks:
     return nn.Sequential(OrderedDict(layers))
 
 
-class ResNetClassifier(nn.Module):
+class ResNetClassifier(SelfLossClassifier):
     """A small ResNet for ``[B, C, H, W]`` images, trained by cross entropy, HAT-style outputs.
 
     Like :class:`~hat_ignite.models.mlp.MLPClassifier`, the model computes its own loss: in
@@ -109,6 +109,8 @@ class ResNetClassifier(nn.Module):
         (4, 10)
     """
 
+    input_noun = "image"
+
     def __init__(
         self,
         in_channels: int = 1,
@@ -132,23 +134,6 @@ class ResNetClassifier(nn.Module):
         self.input_key = input_key
         self.label_key = label_key
 
-    def forward(self, data: Any, labels: torch.Tensor | None = None) -> Any:
-        """Classify ``data`` (a tensor or a dict batch); see the class docstring for outputs."""
-        if isinstance(data, Mapping):
-            if self.input_key not in data:
-                raise KeyError(
-                    f"ResNetClassifier: the batch has no {self.input_key!r} key (keys: {sorted(data)}); "
-                    f"set input_key to the key of the image tensor."
-                )
-            if labels is None:
-                labels = data.get(self.label_key)
-            data = data[self.input_key]
-        logits = self.net(data)
-        if not self.training:
-            return logits
-        if labels is None:
-            raise ValueError(
-                f"ResNetClassifier in training mode needs labels: pass a dict batch with "
-                f"{self.label_key!r} or call model(images, labels); call model.eval() to predict."
-            )
-        return {"cls_loss": F.cross_entropy(logits, labels)}, logits
+    def logits(self, data: torch.Tensor) -> torch.Tensor:
+        """The ``[B, num_classes]`` logits of ``data``."""
+        return self.net(data)
