@@ -24,34 +24,15 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from typing import Any, Callable
 
+from quant_report import run_stages  # the same four CLI stages, of this config
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "classification", "digits_resnet.py")
-STAGES = (
-    ("hat-train", "float", "float-checkpoint-best.pth.tar"),
-    ("hat-train", "calibration", "calibration-checkpoint-best.pth.tar"),
-    ("hat-train", "qat", "qat-checkpoint-best.pth.tar"),
-    ("hat-predict", "int_infer", "int_infer-model.pt2"),
-)
 BATCH_SIZES = (1, 64)
-
-
-def run_stages(work_dir: str, reuse: bool) -> dict[str, float]:
-    """Run the four stages through the CLI; return each stage's wall time (s) (skipped: absent)."""
-    seconds = {}
-    for tool, stage, output in STAGES:
-        if reuse and os.path.isfile(os.path.join(work_dir, "checkpoints", output)):
-            continue
-        cmd = [sys.executable, os.path.join(ROOT, "bin", tool), CONFIG, "--stage", stage, "--work-dir", work_dir]
-        print("$", " ".join(cmd[1:]), file=sys.stderr)
-        start = time.perf_counter()
-        subprocess.run(cmd, check=True)
-        seconds[stage] = time.perf_counter() - start
-    return seconds
 
 
 def _compile(model: Any, batch: Any, int8: bool) -> tuple[Callable | None, str]:
@@ -172,7 +153,7 @@ def main() -> None:
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
     work_dir = os.path.abspath(args.work_dir)
-    seconds = run_stages(work_dir, args.reuse)
+    seconds = run_stages(work_dir, args.reuse, CONFIG)
     table = measure(work_dir, args.rounds, seconds)
     with open(os.path.join(work_dir, "convnet_report.md"), "w", encoding="utf-8") as f:
         f.write(table + "\n")

@@ -17,6 +17,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "classification", "digits_mlp.py")
@@ -28,13 +29,21 @@ STAGES = (
 )
 
 
-def run_stages(work_dir: str, reuse: bool) -> None:
+def run_stages(work_dir: str, reuse: bool, config: str = CONFIG) -> dict[str, float]:
+    """Run the four stages of ``config`` through the CLI; return each stage's wall time (s).
+
+    With ``reuse``, a stage whose output is already in the work dir is skipped (and absent).
+    """
+    seconds = {}
     for tool, stage, output in STAGES:
         if reuse and os.path.isfile(os.path.join(work_dir, "checkpoints", output)):
             continue
-        cmd = [sys.executable, os.path.join(ROOT, "bin", tool), CONFIG, "--stage", stage, "--work-dir", work_dir]
+        cmd = [sys.executable, os.path.join(ROOT, "bin", tool), config, "--stage", stage, "--work-dir", work_dir]
         print("$", " ".join(cmd[1:]), file=sys.stderr)
+        start = time.perf_counter()
         subprocess.run(cmd, check=True)
+        seconds[stage] = time.perf_counter() - start
+    return seconds
 
 
 def measure(work_dir: str) -> str:
