@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import fcntl
 import os
 import re
-import pty
-import struct
-import subprocess
 import sys
-import termios
-import threading
 
 import pytest
 from conftest import DIGITS_CONFIG, ROOT, run_tool
+from pty_run import run_on_a_pty
 
 from hat_ignite.cli import curves as curves_cli
 from hat_ignite.visualize.curves import CURVES_FILE, plot_scalars
@@ -104,33 +99,10 @@ def test_event_files_without_curves_to_draw_are_an_error(tmp_path, capsys):
 
 def test_a_terminal_gets_a_progress_bar_with_loss_and_lr(tmp_path):
     """stderr on a pseudo-terminal: Ignite's tqdm bar shows loss and lr; no per-epoch log lines."""
-    controller, terminal = pty.openpty()
-    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))  # 40 x 160, as a real terminal has
     cmd = [sys.executable, str(ROOT / "bin" / "hat-train"), str(DIGITS_CONFIG), "--work-dir", str(tmp_path / "wd"),
            "--opts", "float_trainer.num_epochs=1", "float_trainer.callbacks=[]"]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=terminal)
-    os.close(terminal)
-    chunks: list[bytes] = []
-
-    def drain() -> None:
-        while True:
-            try:
-                data = os.read(controller, 4096)
-            except OSError:  # the terminal closed
-                return
-            if not data:
-                return
-            chunks.append(data)
-
-    reader = threading.Thread(target=drain, daemon=True)
-    reader.start()
-    try:
-        assert proc.wait(timeout=240) == 0
-    finally:
-        proc.kill()
-    reader.join(timeout=10)
-    os.close(controller)
-    text = b"".join(chunks).decode("utf-8", "replace")
+    code, text = run_on_a_pty(cmd, tmp_path, 40, 160, stdout_too=False)  # 40 x 160, as a real terminal has
+    assert code == 0
     assert "23/23" in text and "loss=" in text and "lr=" in text
     assert "Epoch[0] last loss=" not in text  # that line is for logs that are not a terminal
 

@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import fcntl
-import os
-import pty
 import re
-import struct
-import subprocess
 import sys
-import termios
-import threading
 
 from conftest import DIGITS_CONFIG, ROOT
+from pty_run import run_on_a_pty
 
 LOG_LINE = re.compile(r"^\d\d:\d\d:\d\d (INFO|WARNING|ERROR) [\w.]+: \S")
 BAR_TEXT = re.compile(r"\d+/\d+ \[|it/s|s/it|\d+%\|")
@@ -53,32 +47,7 @@ def _screen(data: str) -> list[str]:
 
 
 def _run_on_a_terminal(tmp_path, *args: str) -> tuple[int, list[str], str]:
-    controller, terminal = pty.openpty()
-    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 50, COLUMNS, 0, 0))
-    cmd = [sys.executable, str(ROOT / "bin" / "hat-train"), *args]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=terminal, stderr=terminal)
-    os.close(terminal)
-    chunks: list[bytes] = []
-
-    def drain() -> None:
-        while True:
-            try:
-                data = os.read(controller, 4096)
-            except OSError:  # the terminal closed
-                return
-            if not data:
-                return
-            chunks.append(data)
-
-    reader = threading.Thread(target=drain, daemon=True)
-    reader.start()
-    try:
-        code = proc.wait(timeout=240)
-    finally:
-        proc.kill()
-    reader.join(timeout=10)
-    os.close(controller)
-    raw = b"".join(chunks).decode("utf-8", "replace")
+    code, raw = run_on_a_pty([sys.executable, str(ROOT / "bin" / "hat-train"), *args], tmp_path, 50, COLUMNS)
     return code, _screen(raw), raw
 
 
