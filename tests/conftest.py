@@ -32,3 +32,14 @@ def run_tool(tool: str, *args: str, cwd: pathlib.Path | str, timeout: float = 12
         [sys.executable, str(ROOT / "bin" / tool), *map(str, args)],
         cwd=cwd, capture_output=True, text=True, timeout=timeout,
     )
+
+
+def flat_digits_loader(n: int = 240, batch_size: int = 40):
+    """The first ``n`` sklearn digits as ``(x [n, 64] in [0, 1], label)`` batches, in order."""
+    import torch
+    from sklearn.datasets import load_digits
+    from torch.utils.data import DataLoader, TensorDataset
+
+    x, y = load_digits(return_X_y=True)
+    ds = TensorDataset(torch.tensor(x[:n] / 16.0, dtype=torch.float32), torch.tensor(y[:n]))
+    return DataLoader(ds, batch_size=batch_size, shuffle=False)

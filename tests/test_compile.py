@@ -6,10 +6,9 @@ import copy
 
 import pytest
 import torch
-from sklearn.datasets import load_digits
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
+from conftest import flat_digits_loader
 from hat_ignite.callbacks.checkpoint import Checkpoint
 from hat_ignite.callbacks.checkpoint_io import load_checkpoint
 from hat_ignite.callbacks.checkpoint_state import LoadCheckpoint
@@ -18,10 +17,8 @@ from hat_ignite.engine import BasicBatchProcessor, DataParallelTrainer, Predicto
 from hat_ignite.engine.compile import Torch2Compile, build_compiler, is_compiled, remove_compiled_forward
 
 
-def digits_loader(n: int = 160, batch_size: int = 40) -> DataLoader:
-    x, y = load_digits(return_X_y=True)
-    ds = TensorDataset(torch.tensor(x[:n] / 16.0, dtype=torch.float32), torch.tensor(y[:n]))
-    return DataLoader(ds, batch_size=batch_size, shuffle=False)
+def digits_loader(n: int = 160, batch_size: int = 40):
+    return flat_digits_loader(n, batch_size)
 
 
 class DigitNet(nn.Module):

@@ -7,10 +7,9 @@ import re
 
 import pytest
 import torch
-from sklearn.datasets import load_digits
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
+from conftest import flat_digits_loader
 from hat_ignite.callbacks.base import CallbackMixin
 from hat_ignite.callbacks.metric_updater import MetricUpdater
 from hat_ignite.engine import BasicBatchProcessor, Predictor, Trainer, collect_loss_by_index
@@ -20,10 +19,8 @@ LOGGER = "hat_ignite.callbacks.metric_updater"
 STEPS_PER_EPOCH = 6
 
 
-def digits_loader(n: int = 240, batch_size: int = 40) -> DataLoader:
-    x, y = load_digits(return_X_y=True)
-    ds = TensorDataset(torch.tensor(x[:n] / 16.0, dtype=torch.float32), torch.tensor(y[:n]))
-    return DataLoader(ds, batch_size=batch_size, shuffle=False)
+def digits_loader(n: int = 240, batch_size: int = 40):
+    return flat_digits_loader(n, batch_size)
 
 
 class DigitNet(nn.Module):

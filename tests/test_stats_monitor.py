@@ -7,10 +7,10 @@ import time
 
 import pytest
 import torch
-from sklearn.datasets import load_digits
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader
 
+from conftest import flat_digits_loader
 from hat_ignite.callbacks.base import CallbackMixin
 from hat_ignite.callbacks.stats_monitor import StatsMonitor
 from hat_ignite.engine import BasicBatchProcessor, Predictor, Trainer, collect_loss_by_index
@@ -18,10 +18,8 @@ from hat_ignite.engine import BasicBatchProcessor, Predictor, Trainer, collect_l
 LOGGER = "hat_ignite.callbacks.stats_monitor"
 
 
-def digits_loader(n: int = 240, batch_size: int = 40) -> DataLoader:
-    x, y = load_digits(return_X_y=True)
-    ds = TensorDataset(torch.tensor(x[:n] / 16.0, dtype=torch.float32), torch.tensor(y[:n]))
-    return DataLoader(ds, batch_size=batch_size, shuffle=False)
+def digits_loader(n: int = 240, batch_size: int = 40):
+    return flat_digits_loader(n, batch_size)
 
 
 class DigitNet(nn.Module):
