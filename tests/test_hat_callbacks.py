@@ -95,6 +95,18 @@ def test_a_no_op_hook_with_an_impossible_signature_is_still_refused():
         linear_trainer([Wrong()])
 
 
+def test_a_parameter_the_hook_never_passes_keeps_its_default_as_in_hat():
+    class WithDefault(HatStyleBase):
+        seen: list = []
+
+        def on_epoch_end(self, epoch_id, batch=None, note="kept", **kwargs):  # HAT passes neither
+            self.seen.append((epoch_id, batch, note))
+
+    callback = WithDefault()
+    linear_trainer([callback], num_epochs=2).fit()
+    assert callback.seen == [(0, None, "kept"), (1, None, "kept")]
+
+
 def test_an_object_with_neither_hooks_nor_attach_is_refused():
     with pytest.raises(TypeError, match=r"callbacks\[0\] is a int, which has neither HAT hooks"):
         linear_trainer([3])

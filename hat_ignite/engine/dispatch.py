@@ -112,6 +112,9 @@ def hat_hook_methods(owner: Any) -> dict[str, Callable]:
 def check_hook_signature(owner: Any, hook: str, method: Callable) -> frozenset[str] | None:
     """Check ``method`` against the keywords ``hook`` passes.
 
+    A parameter with a default that the hook never passes is left out of the call, so its
+    default is used, as when HAT's loop calls the method.
+
     Args:
         owner: the callback the method belongs to (named in the error).
         hook: the HAT hook name, e.g. ``"on_step_end"``.
@@ -123,8 +126,9 @@ def check_hook_signature(owner: Any, hook: str, method: Callable) -> frozenset[s
         declares plus the keys it reads from its ``**kwargs``.
 
     Raises:
-        CallbackSignatureError: the method names a keyword the hook never passes, or takes
-            positional-only or ``*args`` parameters that a keyword call cannot fill.
+        CallbackSignatureError: the method needs a keyword the hook never passes (a parameter
+            without a default), or takes positional-only or ``*args`` parameters that a keyword
+            call cannot fill.
     """
     if hook not in HOOK_EVENTS:
         raise CallbackSignatureError(f"{hook!r} is not a HAT hook; the hooks are {', '.join(HOOK_EVENTS)}.")
@@ -145,6 +149,8 @@ def check_hook_signature(owner: Any, hook: str, method: Callable) -> frozenset[s
             )
         elif p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
             if p.name not in available:
+                if p.default is not p.empty:
+                    continue  # never passed, so its default is used, as when HAT's loop calls it
                 raise CallbackSignatureError(
                     f"{name} asks for the keyword {p.name!r}, which {hook} never passes. "
                     f"{hook} passes: {', '.join(sorted(available))}. Rename the parameter or read "
