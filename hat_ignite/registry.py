@@ -354,7 +354,10 @@ class _Builder:
                 signature.bind(**kwargs)
         except TypeError as exc:
             hint = _unknown_argument_hint(signature, kwargs) if signature is not None else ""
-            detail = f"cannot build {name}: {exc}.{hint} Its signature is {_signature_text(target)}."
+            # With a close name found, that name is the fix; the whole signature only buries it.
+            detail = f"cannot build {name}: {exc}.{hint}" if hint else (
+                f"cannot build {name}: {exc}. Its signature is {_signature_text(target)}."
+            )
             raise config_error(key_path, detail) from None
         try:
             return target(**kwargs)
@@ -396,7 +399,8 @@ def build_from_cfg(
 
     Raises:
         ConfigError: an unknown ``type`` (with the closest registered names), arguments that do
-            not fit the constructor (with its signature), or a constructor that rejects a value.
+            not fit the constructor (with the closest argument name, or else its signature), or
+            a constructor that rejects a value.
 
     Example:
         >>> sched = build_from_cfg({"type": "datetime.timedelta", "minutes": 2})

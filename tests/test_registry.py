@@ -131,10 +131,10 @@ def test_bad_import_paths_say_what_is_missing():
 
 def test_wrong_or_missing_arguments_name_the_key_path_and_the_signature():
     with pytest.raises(ConfigError) as info:
-        build_from_cfg({"type": "DigitsDataset", "splt": "train"}, key_path="data_loader.dataset")
+        build_from_cfg({"type": "DigitsDataset", "colour": "red"}, key_path="data_loader.dataset")
     message = str(info.value)
     assert message.startswith("data_loader.dataset: cannot build DigitsDataset")
-    assert "unexpected keyword argument 'splt'" in message
+    assert "unexpected keyword argument 'colour'" in message
     assert "DigitsDataset(split: str = 'train', val_ratio: float = 0.2" in message
     with pytest.raises(ConfigError, match=r"cb: cannot build MetricUpdater: missing a required argument: 'metric_update_func'"):
         build_from_cfg({"type": "MetricUpdater"}, key_path="cb")
@@ -174,7 +174,7 @@ def test_an_error_inside_the_deferred_optimizer_has_the_full_key_path():
         build_from_cfg(_trainer_cfg({"type": "torch.optim.SGD", "lrr": 0.1}), key_path="float_trainer")
     message = str(info.value)
     assert message.startswith("float_trainer.optimizer: cannot build SGD")
-    assert "lrr" in message and "SGD(params" in message
+    assert "Did you mean 'lr' for 'lrr'?" in message
 
 
 def test_build_optimizer_param_group_patterns():
@@ -282,7 +282,23 @@ def test_hat_snake_case_engine_aliases_resolve_to_the_engines():
 def test_a_typo_in_an_argument_name_names_the_closest_valid_one():
     cfg = {"type": "torch.nn.Linear", "in_features": 2, "out_feature": 3}
     with pytest.raises(ConfigError, match=r"layer: cannot build Linear: .*'out_features'\. Did you mean "
-                                          r"'out_features' for 'out_feature'\? Its signature is Linear\("):
+                                          r"'out_features' for 'out_feature'\?$"):
+        build_from_cfg(cfg, key_path="layer")
+
+
+def test_a_typo_in_a_trainer_argument_is_one_short_line_without_the_signature():
+    cfg = {"type": "Trainer", "model": None, "data_loader": None, "optimizer": None, "batch_processor": None,
+           "num_epoch": 2}
+    with pytest.raises(ConfigError) as info:
+        build_from_cfg(cfg, key_path="float_trainer")
+    message = str(info.value)
+    assert "Did you mean 'num_epochs' for 'num_epoch'?" in message
+    assert "signature" not in message and len(message) < 200, message
+
+
+def test_an_argument_with_no_close_name_gets_the_signature():
+    cfg = {"type": "torch.nn.Linear", "in_features": 2, "out_features": 3, "zzz": 1}
+    with pytest.raises(ConfigError, match=r"layer: cannot build Linear: .*'zzz'\. Its signature is Linear\("):
         build_from_cfg(cfg, key_path="layer")
 
 
