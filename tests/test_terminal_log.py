@@ -77,3 +77,22 @@ def test_an_error_is_reported_once_under_no_stale_bar(tmp_path):
     assert sum("'label'" in line for line in screen) == 1  # one message, not three
     for line in screen[:-1]:
         assert LOG_LINE.match(line) and not BAR_TEXT.search(line), line
+
+
+def test_a_batch_without_labels_is_reported_once(tmp_path):
+    bad = tmp_path / "no_labels.py"  # the model looks for labels under a key the batches do not have
+    bad.write_text(DIGITS_CONFIG.read_text().replace('hidden_features=128, num_classes=10)',
+                                                     'hidden_features=128, num_classes=10, label_key="lbl")'))
+    assert bad.read_text() != DIGITS_CONFIG.read_text()
+    code, screen, _ = _run_on_a_terminal(
+        tmp_path, str(bad), "--work-dir", str(tmp_path / "wd"), "--opts", "float_trainer.num_epochs=1",
+    )
+    assert code == 1
+    starts = [i for i, line in enumerate(screen) if line.startswith("hat-train: error:")]
+    assert len(starts) == 1, screen  # one message, not three
+    message = " ".join(screen[starts[0]:])  # the message and its lines on the batch, to the end
+    assert message.startswith("hat-train: error: training float_trainer failed at epoch_id=0, global_step_id=0:")
+    assert "needs labels: pass a dict batch with 'lbl'" in message and "this batch:" in message
+    assert sum("needs labels" in line for line in screen) == 1
+    for line in screen[:starts[0]]:
+        assert LOG_LINE.match(line) and not BAR_TEXT.search(line), line
