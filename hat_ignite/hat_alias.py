@@ -76,6 +76,18 @@ def _import_target(path: str) -> Any:
     return getattr(importlib.import_module(module_name), attr)
 
 
+def _close_module(module_name: str) -> str | None:
+    """The served module ``module_name`` is most likely a typo of, or ``None``.
+
+    Only a near miss of the same depth counts (``hat.engin`` -> ``hat.engine``), so a real
+    model-zoo module such as ``hat.models.backbones`` is not taken for a typo.
+    """
+    depth = module_name.count(".")
+    served = [name for name in HAT_MODULES if name.count(".") == depth]
+    close = difflib.get_close_matches(module_name, served, n=1, cutoff=0.85)
+    return close[0] if close else None
+
+
 def _missing_message(module_name: str, attr: str, exports: Mapping[str, str]) -> str:
     full = f"{module_name}.{attr}"
     if exports:
@@ -84,6 +96,12 @@ def _missing_message(module_name: str, attr: str, exports: Mapping[str, str]) ->
         offered = ", ".join(n for n in exports if not n.startswith("_"))
         head = f"{full}: hat-ignite's {module_name} provides {offered}; not {attr!r}.{hint}"
     else:
+        misspelt = _close_module(module_name)
+        if misspelt is not None:  # hat.engin: a typo of a module that hat-ignite serves
+            return (
+                f"{full}: hat-ignite serves no module {module_name!r}. Did you mean {misspelt!r}? "
+                f"The hat.* modules it serves are listed in docs/hat-migration.md."
+            )
         what = next(
             label for prefix, label in MODEL_ZOO_PREFIXES.items()
             if module_name == prefix or module_name.startswith(prefix + ".")

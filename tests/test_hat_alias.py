@@ -100,6 +100,9 @@ def test_missing_model_zoo_names_say_what_is_missing_and_how_to_register_one(hat
     with pytest.raises(ImportError, match=r"hat\.engine\.Trainr: hat-ignite's hat\.engine provides "
                                           r".*Did you mean 'Trainer'"):
         from hat.engine import Trainr  # noqa: F401
+    with pytest.raises(ImportError, match=r"hat\.engin\.Trainer: hat-ignite serves no module 'hat\.engin'\. "
+                                          r"Did you mean 'hat\.engine'\?"):
+        from hat.engin import Trainer  # noqa: F401
 
 
 def test_importing_hat_ignite_installs_nothing():
