@@ -95,7 +95,9 @@ def _exec_error(path: str, exc: BaseException) -> ConfigError:
             "hat.* (hat-train/hat-predict do unless --no-hat-alias; in Python call "
             "hat_ignite.hat_alias.install_hat_alias())."
         )
-    return ConfigError(f"{where}: running the config raised {type(exc).__name__}: {exc}.{hint}")
+    text = str(exc).rstrip()
+    end = "" if text.endswith((".", "?", "!")) else "."
+    return ConfigError(f"{where}: running the config raised {type(exc).__name__}: {text}{end}{hint}")
 
 
 class Config(Mapping):

@@ -121,6 +121,10 @@ def test_error_raised_while_the_config_runs_names_file_and_line(write_config):
     path = write_config("a = 1\nb = undefined_name + 1\n")
     with pytest.raises(ConfigError, match=rf"{path}:2: running the config raised NameError: name 'undefined_name'"):
         Config.fromfile(path)
+    path = write_config("raise RuntimeError('the data root is not set.')\n")
+    with pytest.raises(ConfigError) as info:
+        Config.fromfile(path)
+    assert str(info.value) == f"{path}:1: running the config raised RuntimeError: the data root is not set."
 
 
 def test_dump_is_readable_python_with_functions_and_classes_by_qualified_name(cfg, tmp_path):
