@@ -96,6 +96,19 @@ def test_dry_run_prints_the_engine_and_handlers_and_creates_nothing(tmp_path):
     assert not work_dir.exists()
 
 
+def test_dry_run_of_a_ddp_stage_builds_it_in_its_launched_process(tmp_path):
+    """HAT configs mostly use type="distributed_data_parallel_trainer": --dry-run checks them too."""
+    config = tmp_path / "ddp.py"
+    config.write_text(DIGITS_CONFIG.read_text().replace('type="Trainer"', 'type="distributed_data_parallel_trainer"', 1))
+    work_dir = tmp_path / "dry"
+    proc = run_tool("hat-train", "-c", config, "-s", "float", "--dry-run", "--work-dir", work_dir, cwd=tmp_path,
+                    timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("float_trainer: hat_ignite.engine.ddp_trainer.DistributedDataParallelTrainer\n") == 1
+    assert "model: DistributedDataParallel (9,610 parameters)" in proc.stdout
+    assert "  LOOP_END (on_loop_end):" in proc.stdout and not work_dir.exists()
+
+
 def test_unknown_stage_lists_the_existing_ones(tmp_path, capsys):
     work_dir = tmp_path / "wd"
     assert train_cli.main([str(DIGITS_CONFIG), "--stage", "int8", "--work-dir", str(work_dir)]) == 1

@@ -247,8 +247,6 @@ def distributed_stage(
                                f"--device-ids {args.device_ids} needs type='Trainer' (run as DDP) or '{_DDP}'.")
             node["device"] = args.device_ids if kind_name == "DataParallelTrainer" else args.device_ids[0]
         return None
-    if getattr(args, "dry_run", False):
-        raise CliError("--dry-run builds in one process; it cannot build a DistributedDataParallelTrainer.")
     launch = build_launcher(_DDP)
     context = multiprocessing.get_context("spawn")
     exit_box, stop_box = context.Value("i", 0), context.Value("i", 0, lock=False)

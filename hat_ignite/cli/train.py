@@ -189,10 +189,11 @@ def _train(argv: Sequence[str]) -> int:
     except BaseException:
         work_dir.discard()  # callbacks may have created directories while being built
         raise
-    if args.dry_run:
+    if args.dry_run:  # a DDP stage is built in its launched processes, as for training; rank 0 prints
         work_dir.discard()
-        print(describe_engine(trainer, stage_key))
-        print(f"work dir: {work_path} (a dry run creates nothing)")
+        if is_main_process():
+            print(describe_engine(trainer, stage_key))
+            print(f"work dir: {work_path} (a dry run creates nothing)")
         return 0
 
     found = find_resume(trainer, args.resume, work_path) if args.resume else None
