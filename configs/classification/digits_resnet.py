@@ -21,6 +21,7 @@ batch.
 import os
 
 import torch
+from digits_resnet_model import DigitsResNet  # noqa: F401  (registers the model type below)
 from hat.engine.processors.loss_collector import collect_loss_by_index
 from hat.utils.config import ConfigVersion
 
@@ -40,7 +41,7 @@ convert_mode = "fx"  # HAT's modes ("eager", "fx", "jit", "jit-strip") all map t
 
 # -------------------------- model --------------------------
 # In training the model returns ({"cls_loss": loss}, logits), in eval the logits.
-model = dict(type="ResNetClassifier", in_channels=1, num_classes=10, stem_channels=16, widths=(16, 32, 64), blocks=1)
+model = dict(type="DigitsResNet", num_classes=10, widths=(16, 32, 64), blocks=1)  # digits_resnet_model.py
 
 # -------------------------- data --------------------------
 train_dataset = dict(type="DigitsImageDataset", split="train", val_ratio=0.2, seed=0, size=image_size)
