@@ -72,6 +72,28 @@ def test_a_second_run_into_a_busy_work_dir_is_refused_and_the_first_finishes_unh
     assert not (work_dir / LOCK_FILE).exists()  # released at the end
 
 
+def test_a_second_run_of_the_shipped_config_into_its_busy_work_dir_is_refused(tmp_path):
+    work_dir = tmp_path / "wd"
+    command = [sys.executable, str(ROOT / "bin" / "hat-train"), str(DIGITS), "--work-dir", str(work_dir),
+               "--opts", "float_trainer.num_epochs=120"]  # long enough to be running when the second starts
+    first = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    try:
+        _read_until(first, "Saved checkpoint", lines)
+        second = _hat_train(str(DIGITS), "--work-dir", str(work_dir), cwd=tmp_path)
+        assert first.poll() is None, "the first run ended before the second one was refused"
+        rest = first.communicate(timeout=300)[1]
+    finally:
+        first.kill()
+    assert second.returncode == 1, second.stderr[-2000:]
+    assert f"is in use by process {first.pid} on host {socket.gethostname()}" in second.stderr, second.stderr[-2000:]
+    assert first.returncode == 0, ("".join(lines) + rest)[-3000:]
+    final = load(work_dir / "checkpoints" / "float-checkpoint-last.pth.tar")
+    assert final["progress"]["epoch"] == 120  # the first run completed every epoch
+    assert (work_dir / "float_train.log").read_text().count("stage float_trainer, work dir") == 1
+    assert not (work_dir / LOCK_FILE).exists()
+
+
 def test_in_a_two_process_run_rank_0_holds_the_lock_for_the_job(tmp_path):
     config = write_config(tmp_path)
     work_dir = tmp_path / "wd"
