@@ -6,7 +6,8 @@ The disk fills for real, as far as a process can see: ``RLIMIT_FSIZE`` set insid
 limit fail with ``EFBIG`` ("File too large"), the error a full disk gives as ``ENOSPC``, through
 the same code paths. The whole-run tests use the shipped digits config with one more callback,
 ``LimitWrites``, which sets the limit at a chosen step (or at the loop's end, after the last
-checkpoint); the writers of the end of a run are also driven one by one in a subprocess.
+checkpoint), or make one file unwritable; the writers of a run's end are also driven one by one
+in a subprocess, over a finished run, to show the previous file is kept whole.
 """
 
 from __future__ import annotations
@@ -49,8 +50,22 @@ LIMIT_WRITES = textwrap.dedent('''
                     _logging.getLogger("hat_ignite.tests").info("the disk is full from here on")
 
 
+    if os.environ.get("LIMIT_AT") == "load":  # from the config's load on: before the resolved config is written
+        LimitWrites()._limit()
+
+
+    class BlockFile(CallbackMixin):
+        """At the loop's end, a directory takes the place of BLOCK_PATH: writing that file fails."""
+
+        def on_loop_end(self, **kwargs):
+            if os.environ.get("BLOCK_PATH"):
+                os.makedirs(os.environ["BLOCK_PATH"])
+
+
     _drop = os.environ.get("DROP_CALLBACKS", "").split(",")
-    float_trainer["callbacks"] = [LimitWrites()] + [c for c in float_trainer["callbacks"] if c["type"] not in _drop]
+    float_trainer["callbacks"] = [LimitWrites(), BlockFile()] + [
+        c for c in float_trainer["callbacks"] if c["type"] not in _drop
+    ]
 ''')
 
 
@@ -100,6 +115,30 @@ def test_a_full_tensorboard_dir_names_the_event_file(limited_config, tmp_path):
     assert (f"training float_trainer failed at epoch_id=1, global_step_id=45: OSError: [Errno 27] File too large "
             f"(writing {events[0]})") in done.stderr, done.stderr[-2000:]
     assert _temp_files(work_dir) == []
+
+
+@pytest.mark.parametrize("which", ["config", "curves", "lineage"])
+def test_each_writer_of_a_run_names_its_file_through_hat_train(limited_config, tmp_path, which):
+    """The resolved config (written first), the curves PNG and lineage.json (written last) each fail
+    in a real hat-train run: the file is named, no temporary file is left, the exit code is 1."""
+    work_dir = tmp_path / "wd"
+    env = {
+        "config": {"LIMIT_AT": "load", "LIMIT_BYTES": "8000"},  # the log fits, the ~16 kB resolved config not
+        "curves": {"LIMIT_AT": "end", "LIMIT_BYTES": "20000"},  # metrics.json fits, the ~70 kB PNG not
+        "lineage": {"BLOCK_PATH": str(work_dir / "lineage.json")},  # an injected OSError at its write
+    }[which]
+    done = _train(limited_config, work_dir, env)
+    assert done.returncode == 1, done.stderr[-2000:]
+    _no_storm(done.stderr)
+    expected = {
+        "config": f"cannot write the resolved config {work_dir / 'float_train_config.py'}: File too large",
+        "curves": f"cannot write the training curves {work_dir / 'training_curves.png'}: File too large",
+        "lineage": f"cannot write {work_dir / 'lineage.json'}: Is a directory",
+    }[which]
+    assert "hat-train: error: " in done.stderr and expected in done.stderr, done.stderr[-2000:]
+    assert _temp_files(work_dir) == []
+    if which != "config":  # the training itself is safe
+        assert (work_dir / "checkpoints" / "float-checkpoint-last.pth.tar").is_file()
 
 
 END_WRITERS = textwrap.dedent('''
