@@ -48,28 +48,38 @@ def _read_until(proc: subprocess.Popen, text: str, lines: list[str]) -> None:
 
 
 # -- the work-dir lock -------------------------------------------------------------------------
-def test_a_second_run_into_a_busy_work_dir_is_refused_and_the_first_finishes_unharmed(tmp_path):
-    config = write_config(tmp_path)
-    work_dir = tmp_path / "wd"
-    first = popen_train(config, work_dir, env={"STEP_SLEEP": "1.0"})
+def _second_run_while_the_first_trains(first: subprocess.Popen, config: pathlib.Path, work_dir: pathlib.Path,
+                                       cwd: pathlib.Path) -> subprocess.CompletedProcess:
+    """Start a second ``hat-train`` into ``work_dir`` once ``first`` saved; let ``first`` finish.
+
+    Checks that the second one is refused while the first still runs, naming the first's pid and
+    host, and that the first ends with exit code 0 and its lock file gone.
+    """
     lines: list[str] = []
     try:
         _read_until(first, "Saved checkpoint", lines)  # the first run is training and has saved
-        second = _hat_train(str(config), "--work-dir", str(work_dir), cwd=tmp_path)
+        second = _hat_train(str(config), "--work-dir", str(work_dir), cwd=cwd)
         assert first.poll() is None, "the first run ended before the second one was refused"
-        rest = first.communicate(timeout=120)[1]
+        rest = first.communicate(timeout=300)[1]
     finally:
         first.kill()
     assert second.returncode == 1, second.stderr[-2000:]
     assert f"is in use by process {first.pid} on host {socket.gethostname()}" in second.stderr, second.stderr[-2000:]
     assert "pass another --work-dir" in second.stderr
-    err = "".join(lines) + rest
-    assert first.returncode == 0, err[-3000:]
-    final = load(work_dir / "checkpoints" / "checkpoint-last.pth.tar")
-    assert final["progress"]["iteration"] == TOTAL_STEPS  # the first run completed every step
+    assert first.returncode == 0, ("".join(lines) + rest)[-3000:]
     log = (work_dir / "float_train.log").read_text()
     assert log.count("stage float_trainer, work dir") == 1  # the refused run never wrote into the log
     assert not (work_dir / LOCK_FILE).exists()  # released at the end
+    return second
+
+
+def test_a_second_run_into_a_busy_work_dir_is_refused_and_the_first_finishes_unharmed(tmp_path):
+    config = write_config(tmp_path)
+    work_dir = tmp_path / "wd"
+    first = popen_train(config, work_dir, env={"STEP_SLEEP": "1.0"})
+    _second_run_while_the_first_trains(first, config, work_dir, tmp_path)
+    final = load(work_dir / "checkpoints" / "checkpoint-last.pth.tar")
+    assert final["progress"]["iteration"] == TOTAL_STEPS  # the first run completed every step
 
 
 def test_a_second_run_of_the_shipped_config_into_its_busy_work_dir_is_refused(tmp_path):
@@ -77,21 +87,9 @@ def test_a_second_run_of_the_shipped_config_into_its_busy_work_dir_is_refused(tm
     command = [sys.executable, str(ROOT / "bin" / "hat-train"), str(DIGITS), "--work-dir", str(work_dir),
                "--opts", "float_trainer.num_epochs=120"]  # long enough to be running when the second starts
     first = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    lines: list[str] = []
-    try:
-        _read_until(first, "Saved checkpoint", lines)
-        second = _hat_train(str(DIGITS), "--work-dir", str(work_dir), cwd=tmp_path)
-        assert first.poll() is None, "the first run ended before the second one was refused"
-        rest = first.communicate(timeout=300)[1]
-    finally:
-        first.kill()
-    assert second.returncode == 1, second.stderr[-2000:]
-    assert f"is in use by process {first.pid} on host {socket.gethostname()}" in second.stderr, second.stderr[-2000:]
-    assert first.returncode == 0, ("".join(lines) + rest)[-3000:]
+    _second_run_while_the_first_trains(first, DIGITS, work_dir, tmp_path)
     final = load(work_dir / "checkpoints" / "float-checkpoint-last.pth.tar")
     assert final["progress"]["epoch"] == 120  # the first run completed every epoch
-    assert (work_dir / "float_train.log").read_text().count("stage float_trainer, work dir") == 1
-    assert not (work_dir / LOCK_FILE).exists()
 
 
 def test_in_a_two_process_run_rank_0_holds_the_lock_for_the_job(tmp_path):
