@@ -62,10 +62,19 @@ LIMIT_WRITES = textwrap.dedent('''
                 os.makedirs(os.environ["BLOCK_PATH"])
 
 
+    def _add_custom(writer, step_id):  # a tb_update_funcs function: the callback makes a SummaryWriter for it
+        writer.add_histogram("custom/weights", [float(step_id)] * 64, step_id)
+        writer.flush()
+
+
     _drop = os.environ.get("DROP_CALLBACKS", "").split(",")
     float_trainer["callbacks"] = [LimitWrites(), BlockFile()] + [
         c for c in float_trainer["callbacks"] if c["type"] not in _drop
     ]
+    if os.environ.get("TB_FUNCS"):
+        for _cb in float_trainer["callbacks"]:
+            if isinstance(_cb, dict) and _cb.get("type") == "TensorBoard":
+                _cb["tb_update_funcs"] = [_add_custom]
 ''')
 
 
@@ -114,6 +123,21 @@ def test_a_full_tensorboard_dir_names_the_event_file(limited_config, tmp_path):
     assert len(events) == 1
     assert (f"training float_trainer failed at epoch_id=1, global_step_id=45: OSError: [Errno 27] File too large "
             f"(writing {events[0]})") in done.stderr, done.stderr[-2000:]
+    assert _temp_files(work_dir) == []
+
+
+def test_a_full_tensorboard_dir_with_a_summary_writer_fails_once(limited_config, tmp_path):
+    # a tb_update_funcs function writes through the SummaryWriter the callback makes for it: its
+    # file and the scalars file both fail, and neither tensorboardX's exit hook nor its logger
+    # thread prints a traceback after the report
+    work_dir = tmp_path / "wd"
+    done = _train(limited_config, work_dir, {"LIMIT_AT": "30", "DROP_CALLBACKS": "Checkpoint", "TB_FUNCS": "1"})
+    assert done.returncode == 1
+    _no_storm(done.stderr)
+    events = sorted((work_dir / "tensorboard").glob("events.out.tfevents.*"))
+    assert len(events) == 2  # the scalars file, then the SummaryWriter's
+    assert "training float_trainer failed at epoch_id=1" in done.stderr, done.stderr[-2000:]
+    assert "File too large (writing " in done.stderr and any(str(e) in done.stderr for e in events), done.stderr[-2000:]
     assert _temp_files(work_dir) == []
 
 

@@ -49,7 +49,7 @@ def _update_val(metrics, batch, model_outs):
     metrics[0].update(batch["labels"], model_outs)
 
 
-def _trainer(board: TensorBoard, num_epochs: int = 2, lr: float = 0.1) -> tuple[Trainer, RecordLosses]:
+def _trainer(board: TensorBoard, num_epochs: int = 2, lr: float = 0.1, after: tuple = ()) -> tuple[Trainer, RecordLosses]:
     torch.manual_seed(0)
     model = MLPClassifier(in_features=64, hidden_features=32, num_classes=10)
     train = DataLoader(DigitsDataset("train"), batch_size=64, shuffle=True)
@@ -65,7 +65,7 @@ def _trainer(board: TensorBoard, num_epochs: int = 2, lr: float = 0.1) -> tuple[
         device=None, num_epochs=num_epochs,
         callbacks=[StatsMonitor(log_freq=0), recorder,
                    MetricUpdater(_update_train, step_log_freq=0, epoch_log_freq=0, storage_key="train_obj"),
-                   validation, board],
+                   validation, board, *after],
         train_metrics=[LossShow(), Accuracy()], val_metrics=[Accuracy()],
     )
     return trainer, recorder
@@ -160,90 +160,124 @@ def test_event_records_are_checksummed_by_the_c_crc32c():
     assert tb_crc.crc32c(b"123456789") == 0xE3069283  # CRC-32C's standard check value
 
 
-def _events_of(directory) -> list:
+def _events_of(path) -> list:
     from hat_ignite.visualize.event_file import iter_events
 
-    (path,) = event_files(directory)
     return list(iter_events(path))  # checks every record's checksums
 
 
 def test_step_scalars_are_in_the_file_at_once_and_flushed_after_flush_secs(tmp_path):
-    from tensorboardX import SummaryWriter
+    from hat_ignite.callbacks.tensorboard_scalars import StepScalars
 
-    from hat_ignite.callbacks.tensorboard_scalars import StepScalars, direct_events_writer
-
-    writer = SummaryWriter(logdir=str(tmp_path))
+    scalars = StepScalars(str(tmp_path), flush_secs=0.0)  # every write reaches the disk
     try:
-        assert direct_events_writer(writer) is not None
-        scalars = StepScalars(writer, flush_secs=0.0)  # every flush reaches the disk
         for step in range(3):
             scalars.add("loss/cls", float(step), step)
             scalars.add("lr/group_0", 0.5, step)
-            scalars.flush()
-        # written on the spot and flushed, while the writer is still open
+            scalars.write()
+        # written on the spot and flushed, while the file is still open
         assert read_scalars(str(tmp_path)) == {
             "loss/cls": [(0, 0.0), (1, 1.0), (2, 2.0)], "lr/group_0": [(0, 0.5), (1, 0.5), (2, 0.5)],
         }
     finally:
-        writer.close()
+        scalars.close()
+    (path,) = event_files(tmp_path)
+    events = _events_of(path)
+    assert events[0].file_version == "brain.Event:2"
+    assert [len(e.summary.value) for e in events[1:]] == [2, 2, 2]  # one event per step
 
 
-def test_step_scalars_and_queued_events_share_the_file_without_corrupting_it(tmp_path):
-    # add_scalar goes through tensorboardX's queue and logger thread while StepScalars writes the
-    # same file from this thread: every record must stay whole and every point arrive
-    from tensorboardX import SummaryWriter
-
+def test_step_scalars_keep_points_in_the_buffer_until_flush_secs_or_flush(tmp_path):
     from hat_ignite.callbacks.tensorboard_scalars import StepScalars
 
-    writer = SummaryWriter(logdir=str(tmp_path), max_queue=2)
-    scalars = StepScalars(writer)
-    for step in range(300):
-        writer.add_scalar("queued", float(step), step)
-        scalars.add("direct", float(-step), step)
-        scalars.flush()
-    writer.close()
-    events = _events_of(tmp_path)
-    assert events[0].file_version == "brain.Event:2"
-    found = read_scalars(str(tmp_path))
-    assert found["queued"] == [(s, float(s)) for s in range(300)]
-    assert found["direct"] == [(s, float(-s)) for s in range(300)]
+    scalars = StepScalars(str(tmp_path), flush_secs=3600.0)
+    scalars.add("loss", 1.0, 0)
+    scalars.write()
+    assert read_scalars(str(tmp_path)) == {}  # in the file's buffer, not yet on disk
+    scalars.add("loss", 2.0, 1)
+    scalars.flush()
+    assert read_scalars(str(tmp_path)) == {"loss": [(0, 1.0), (1, 2.0)]}
+    scalars.close()
+
+
+def test_step_scalars_write_nothing_once_closed(tmp_path):
+    from hat_ignite.callbacks.tensorboard_scalars import StepScalars
+
+    scalars = StepScalars(str(tmp_path))
+    scalars.add("loss", 1.0, 0)
+    scalars.close()
+    scalars.add("loss", 2.0, 1)
+    scalars.flush()  # no error, and the closed file is left as it was
+    scalars.close()
+    assert scalars.closed and read_scalars(str(tmp_path)) == {"loss": [(0, 1.0)]}
+
+
+def test_the_default_callback_makes_no_summary_writer(tmp_path, monkeypatch):
+    import tensorboardX
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a SummaryWriter was made")
+
+    monkeypatch.setattr(tensorboardX, "SummaryWriter", refuse)
+    board = TensorBoard(str(tmp_path / "tb"), update_freq=4)
+    trainer, _ = _trainer(board, num_epochs=1)
+    trainer.fit()
+    assert board.writer is None and board.writer_if_made is None  # outside a run: none, and none made
+    assert len(event_files(tmp_path / "tb")) == 1
+    assert [s for s, _ in read_scalars(tmp_path / "tb")["loss/cls_loss"]] == [3, 7, 11, 15, 19]
+
+
+def test_a_summary_writer_is_made_for_functions_that_take_it(tmp_path):
+    made = []
+
+    def no_writer(step_id, model_outs):  # takes no writer: none is made for it
+        made.append(("no_writer", step_id))
+
+    def images(writer, step_id):
+        made.append(("images", type(writer).__name__))
+        writer.add_scalar("custom/step", float(step_id), step_id)
+
+    for funcs, files in (([no_writer], 1), ([no_writer, images], 2)):
+        save_dir = tmp_path / str(files)
+        board = TensorBoard(str(save_dir), update_freq=23, tb_update_funcs=funcs)
+        _trainer(board, num_epochs=1)[0].fit()
+        names = event_files(save_dir)
+        assert len(names) == files  # the scalars file, then the SummaryWriter's: name order is creation order
+        assert [s for s, _ in read_scalars(names[0])["loss/cls_loss"]] == [22]
+    assert ("images", "SummaryWriter") in made
+    assert read_scalars(tmp_path / "2")["custom/step"] == [(22, 22.0)]
 
 
 @pytest.mark.parametrize("writer_kwargs", [{"purge_step": 5}, {"write_to_disk": False}])
-def test_step_scalars_fall_back_to_the_writer_queue(tmp_path, writer_kwargs):
-    # a purge marker must reach the file before any new point; a writer without a file has no
-    # events writer: both take tensorboardX's own path
-    from tensorboardX import SummaryWriter
-
-    from hat_ignite.callbacks.tensorboard_scalars import StepScalars, direct_events_writer
-
-    writer = SummaryWriter(logdir=str(tmp_path), **writer_kwargs)
-    assert direct_events_writer(writer) is None
-    scalars = StepScalars(writer)
-    scalars.add("loss", 1.5, 7)
-    scalars.flush()
-    writer.close()
+def test_purge_step_and_write_to_disk_apply_to_the_scalars_file(tmp_path, writer_kwargs):
+    save_dir = tmp_path / "tb"
+    _trainer(TensorBoard(str(save_dir), update_freq=1), num_epochs=1)[0].fit()  # steps 0..22
+    _trainer(TensorBoard(str(save_dir), update_freq=23, **writer_kwargs), num_epochs=1)[0].fit()
     if writer_kwargs.get("write_to_disk") is False:
-        assert event_files(str(tmp_path)) == []
-    else:
-        events = _events_of(tmp_path)
-        assert [e.session_log.status for e in events if e.HasField("session_log")] == [1]  # START, at purge_step
-        assert read_scalars(str(tmp_path)) == {"loss": [(7, 1.5)]}
+        assert len(event_files(save_dir)) == 1  # nothing written
+        return
+    first, second = event_files(save_dir)
+    assert [e.step for e in _events_of(second) if e.HasField("session_log")] == [5]  # the marker comes first
+    assert [s for s, _ in read_scalars(save_dir)["loss/cls_loss"]] == [0, 1, 2, 3, 4, 22]
 
 
-def test_step_scalars_write_nothing_once_the_writer_is_closed(tmp_path):
-    from tensorboardX import SummaryWriter
+def test_the_epoch_end_points_are_on_disk_before_the_next_epoch_begins(tmp_path):
+    # the validation point is handed over at the epoch's end, just before its flush: a kill in the
+    # next epoch must not lose it. Read the file while the run goes on.
+    save_dir = tmp_path / "tb"
+    seen = {}
 
-    from hat_ignite.callbacks.tensorboard_scalars import StepScalars
+    class ReadBack(CallbackMixin):
+        def on_epoch_begin(self, epoch_id, **kwargs):
+            if epoch_id:
+                seen[epoch_id] = read_scalars(save_dir)
 
-    writer = SummaryWriter(logdir=str(tmp_path))
-    scalars = StepScalars(writer)
-    scalars.add("loss", 1.0, 0)
-    scalars.flush()
-    writer.close()
-    scalars.add("loss", 2.0, 1)
-    scalars.flush()  # no error, and the closed file is left as it was
-    assert read_scalars(str(tmp_path)) == {"loss": [(0, 1.0)]}
+    _trainer(TensorBoard(str(save_dir), update_freq=23), num_epochs=3, after=(ReadBack(),))[0].fit()
+    for epoch in (1, 2):
+        ends = [STEPS_PER_EPOCH * e for e in range(1, epoch + 1)]
+        assert [s for s, _ in seen[epoch]["val/accuracy"]] == ends
+        assert [s for s, _ in seen[epoch]["stats/epoch_time"]] == ends
+        assert [s for s, _ in seen[epoch]["loss/cls_loss"]] == [e - 1 for e in ends]
 
 
 def test_points_written_before_a_crash_are_in_the_file(tmp_path):

@@ -30,8 +30,15 @@ record holds exactly what their ``get()`` returned at the end of each validation
 Cost: a loss, lr or metric is turned into a Python number (``.item()``, a device sync on a GPU)
 only on steps that are written; on other steps the callback does one modulo and, to notice new
 validation and StatsMonitor records, compares the two records in ``storage`` with the ones it
-wrote, by identity. The scalars of a step go into the event file as one event, written on the spot
-(see :mod:`hat_ignite.callbacks.tensorboard_scalars`), not one queued event per scalar.
+wrote, by identity.
+
+Files: each run start adds one event file of scalars to ``save_dir``, a step's scalars as one
+event written on the spot through tensorboardX's public ``EventsWriter`` (see
+:mod:`hat_ignite.callbacks.tensorboard_scalars`), flushed at every epoch end (every point handed
+over by then is on disk), every ``flush_secs`` and at the loop's end. A ``SummaryWriter`` (a
+second file, a queue and a logger thread) is made only when something writes through it: a
+``tb_update_funcs`` function taking ``writer`` (or ``**kwargs``), or code reading
+:attr:`TensorBoard.writer` in a run. Names start with the creation time: name order is creation order.
 
 Processes: only rank 0 writes. Metric ``get()`` may be a collective under ``torch.distributed``,
 so every rank computes the metric values at the same points and rank 0 writes them.
@@ -42,12 +49,9 @@ sees their records of the same step, epoch and loop end.
 
 from __future__ import annotations
 
-import glob
-import inspect
 import logging
 import os
 import re
-import time
 from collections.abc import Mapping
 from typing import Any, Callable, Sequence
 
@@ -55,9 +59,9 @@ import ignite.distributed as idist
 import torch
 
 from hat_ignite.callbacks.base import CallbackMixin
-from hat_ignite.callbacks.tensorboard_history import resume_step_of, write_purge_marker
-from hat_ignite.callbacks.tensorboard_scalars import StepScalars
-from hat_ignite.engine.processors.loss_collectors import flatten_outputs
+from hat_ignite.callbacks.tensorboard_history import prepare_save_dir, resume_step_of, write_purge_marker
+from hat_ignite.callbacks.tensorboard_scalars import StepScalars, summary_writer
+from hat_ignite.callbacks.tensorboard_values import call_style, loss_scalars, scalar_number
 from hat_ignite.metrics.base import metric_name_values
 from hat_ignite.visualize.event_file import EVENT_FILE_GLOB
 
@@ -70,55 +74,6 @@ _VALIDATION_KEY = "validation"  # hat_ignite.callbacks.validation.STORAGE_KEY
 _STATS_KEY = "stats"  # hat_ignite.callbacks.stats_monitor.STORAGE_KEY
 _DEFAULT_METRIC_KEY = "monitor_obj"  # MetricUpdater's default storage_key
 _STATS_SKIP = frozenset({"epoch_id", "step_id", "global_step_id", "lr"})  # lr: see lr/group_<i>
-
-
-def _number(value: Any) -> float | None:
-    """``value`` as a float (a tensor is summed), or ``None`` when it is not a real number."""
-    if isinstance(value, torch.Tensor):
-        if not value.numel() or value.is_complex():
-            return None
-        if not value.dim():  # a scalar loss: one read instead of three tensor ops
-            return float(value.item())
-        return float(value.detach().float().sum())
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value)
-
-
-def _short_names(keys: Sequence[str]) -> list[str]:
-    """Keys without their numeric parts (``0.cls_loss`` -> ``cls_loss``) where that stays unique."""
-    short = [".".join(p for p in k.split(".") if not p.isdigit()) or k for k in keys]
-    return [s if short.count(s) == 1 else k for s, k in zip(short, keys)]
-
-
-def loss_scalars(model_outs: Any, pattern: re.Pattern[str]) -> dict[str, torch.Tensor]:
-    """The losses in ``model_outs`` whose flattened key (or its last part) matches ``pattern``.
-
-    Returns:
-        ``{tag name: tensor}`` (tensors as they are, nothing is read from the device).
-
-    >>> outs = ({"cls_loss": torch.tensor(0.5), "reg_loss": torch.tensor(0.25)}, torch.zeros(2, 3))
-    >>> sorted(loss_scalars(outs, re.compile("^.*loss.*")))
-    ['cls_loss', 'reg_loss']
-    >>> list(loss_scalars({"a": {"loss": torch.tensor(1.0)}, "b": {"loss": torch.tensor(2.0)}}, re.compile("loss$")))
-    ['a.loss', 'b.loss']
-    """
-    found = [
-        (key, value) for key, value in flatten_outputs(model_outs).items()
-        if isinstance(value, torch.Tensor) and key and (pattern.match(key) or pattern.match(key.rsplit(".", 1)[-1]))
-    ]
-    return dict(zip(_short_names([k for k, _ in found]), (v for _, v in found)))
-
-
-def _call_style(func: Callable[..., Any]) -> frozenset[str] | None:
-    """The keyword names ``func`` takes, or ``None`` when it takes ``**kwargs`` (gets all)."""
-    try:
-        params = inspect.signature(func).parameters.values()
-    except (TypeError, ValueError):  # builtins without a signature: pass everything
-        return None
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-        return None
-    return frozenset(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
 
 
 class TensorBoard(CallbackMixin):
@@ -143,7 +98,9 @@ class TensorBoard(CallbackMixin):
             the names it declares, so HAT's ``func(writer, model_outs, step_id)`` works as is.
             With ``update_by="step"`` they run after the written step's batch; with ``"epoch"``
             at the written epoch's end, with that epoch's last ``model_outs``.
-        **tb_writer_kwargs: passed to ``tensorboardX.SummaryWriter`` (``flush_secs`` ...).
+        **tb_writer_kwargs: passed to ``tensorboardX.SummaryWriter`` (``max_queue`` ...);
+            ``flush_secs``, ``filename_suffix``, ``purge_step`` and ``write_to_disk=False`` apply
+            to the scalars file too (``purge_step`` to it alone).
 
     Example:
         >>> import tempfile
@@ -206,60 +163,54 @@ class TensorBoard(CallbackMixin):
         self.update_by = update_by
         self.tb_update_funcs = funcs
         self.tb_writer_kwargs = tb_writer_kwargs
-        self._func_names = [_call_style(f) for f in funcs]
-        self.writer: Any = None  # the tensorboardX SummaryWriter of the running loop (rank 0)
+        self._func_names = [call_style(f) for f in funcs]
+        self._writing = False  # a loop runs and this process writes (rank 0)
+        self._writer: Any = None  # the tensorboardX SummaryWriter, made on first use
         self._seen: dict[str, Any] = {}  # the storage records already written, by key
         self._epoch_sums: dict[str, torch.Tensor] = {}
         self._epoch_counts: dict[str, int] = {}
         self._last_outs: Any = None
-        self._scalars: StepScalars | None = None  # the running loop's scalars, written once per step
+        self._scalars: StepScalars | None = None  # the running loop's scalars file
 
-    # -- writing ---------------------------------------------------------------------------
+    # -- files -----------------------------------------------------------------------------
+    @property
+    def writer(self) -> Any:
+        """The running loop's tensorboardX ``SummaryWriter`` (rank 0), made on first use; ``None``
+        outside a run. Its events go to an event file of its own, beside the scalars file."""
+        if self._writer is None and self._writing:
+            self._writer = summary_writer(self.save_dir, self.tb_writer_kwargs)
+        return self._writer
+
+    @property
+    def writer_if_made(self) -> Any:
+        """The ``SummaryWriter`` if this run made one (reading it makes none), else ``None``."""
+        return self._writer
+
     def _open(self, resume_step: int | None = None) -> None:
-        """Open the run's writer; a resumed run (``resume_step``) keeps the history before it.
+        """Open the run's scalars file (after :func:`.tensorboard_history.prepare_save_dir`)."""
+        prepare_save_dir(self.save_dir, self.overwrite, resume_step)
+        kwargs = self.tb_writer_kwargs
+        self._writing = True
+        if kwargs.get("write_to_disk", True):
+            self._scalars = StepScalars(self.save_dir, kwargs.get("flush_secs"), kwargs.get("filename_suffix") or "",
+                                        kwargs.get("purge_step"))
 
-        A fresh run with ``overwrite`` removes the old event files. A resumed run never does: it
-        first writes a purge marker right after ``resume_step`` (the steps the checkpoint holds;
-        see :func:`write_purge_marker`), so the points the interrupted run wrote after its
-        checkpoint are dropped by TensorBoard and ``hat-curves`` and replaced by the points the
-        resumed run writes (a point at ``resume_step`` itself is replaced when the resumed run
-        writes that step).
+    def close(self) -> None:
+        """Close the run's event files now (the loop's end does it); a second call does nothing.
+
+        Raises ``OSError`` when a file cannot take its last points (a full disk), after closing both.
         """
-        from tensorboardX import SummaryWriter  # imported only when a run starts
-
-        os.makedirs(self.save_dir, exist_ok=True)
-        old_files = glob.glob(os.path.join(glob.escape(self.save_dir), EVENT_FILE_GLOB))
-        if resume_step is not None:
-            if old_files:
-                # the epoch-end records of the checkpoint's last epoch carry step resume_step (the
-                # steps done); later points are the killed run's, after the checkpoint
-                write_purge_marker(self.save_dir, resume_step + 1)
-                logger.info("TensorBoard: resuming at global step %d; the history in %s before it is kept.",
-                            resume_step, self.save_dir)
-        elif self.overwrite:
-            for old in old_files:
-                os.remove(old)
-        kwargs = dict(self.tb_writer_kwargs)
-        # tensorboardX names a file by the second and the host only: two runs started in the same
-        # second would write the same file. The suffix keeps them apart (and in start order).
-        kwargs.setdefault("filename_suffix", f".{time.time_ns()}")
-        self.writer = SummaryWriter(logdir=self.save_dir, **kwargs)
-        self._scalars = StepScalars(self.writer, kwargs.get("flush_secs"))
-
-    def _close(self) -> None:
-        if self.writer is not None:
-            self._flush()
-            self.writer.close()
-            self.writer = None
-            self._scalars = None
-
-    def _flush(self) -> None:
-        """Write the scalars collected since the last flush, one event per step."""
-        if self._scalars is not None:
-            self._scalars.flush()
+        self._writing = False
+        scalars, writer, self._scalars, self._writer = self._scalars, self._writer, None, None
+        try:
+            if scalars is not None:
+                scalars.close()
+        finally:
+            if writer is not None:
+                writer.close()
 
     def _scalar(self, tag: str, value: Any, step: int) -> None:
-        number = _number(value)
+        number = scalar_number(value)
         if number is not None and self._scalars is not None:
             self._scalars.add(tag, number, step)
 
@@ -267,7 +218,7 @@ class TensorBoard(CallbackMixin):
         """lr of each param group, the train metrics (metrics on every rank, see module doc) and
         the loop's ``state.metrics``."""
         pairs = metric_name_values(train_metrics) if train_metrics is not None else []
-        if self.writer is None:
+        if not self._writing:
             return
         for name, value in (getattr(getattr(loop, "state", None), "metrics", None) or {}).items():
             self._scalar(f"metrics/{name}", value, step)
@@ -282,7 +233,7 @@ class TensorBoard(CallbackMixin):
 
     def _write_records(self, storage: Mapping[str, Any]) -> None:
         """Validation and StatsMonitor records that appeared since the last call."""
-        if self.writer is None:
+        if not self._writing:
             return
         record = storage.get(_VALIDATION_KEY)
         if isinstance(record, Mapping) and record is not self._seen.get(_VALIDATION_KEY):
@@ -306,10 +257,12 @@ class TensorBoard(CallbackMixin):
                     self._scalar(f"stats/{key}", value, step)
 
     def _run_funcs(self, step: int, model_outs: Any, kwargs: dict[str, Any]) -> None:
-        if self.writer is None:
+        if not self._writing:
             return
-        given = {**kwargs, "writer": self.writer, "model_outs": model_outs, "step_id": step}
+        given = {**kwargs, "model_outs": model_outs, "step_id": step}
         for func, names in zip(self.tb_update_funcs, self._func_names):
+            if names is None or "writer" in names:  # the SummaryWriter is made for a function that takes it
+                given["writer"] = self.writer
             func(**(given if names is None else {k: v for k, v in given.items() if k in names}))
 
     # -- hooks -----------------------------------------------------------------------------
@@ -319,7 +272,7 @@ class TensorBoard(CallbackMixin):
         return hooks if self.update_by == "epoch" else [h for h in hooks if h != "on_epoch_begin"]
 
     def on_loop_begin(self, storage: dict[str, Any], loop: Any = None, **kwargs: Any) -> None:
-        self._close()
+        self.close()
         self._seen = {key: storage.get(key) for key in (_VALIDATION_KEY, _STATS_KEY)}
         if idist.get_rank() == 0:
             self._open(resume_step_of(loop))
@@ -344,7 +297,7 @@ class TensorBoard(CallbackMixin):
         self.on_batch_end(model_outs, epoch_id, global_step_id)
 
     def on_batch_end(self, model_outs: Any, epoch_id: int, global_step_id: int, **kwargs: Any) -> None:
-        if self.writer is None:
+        if not self._writing:
             return
         if self.update_by == "step":
             if (global_step_id + 1) % self.update_freq:
@@ -371,20 +324,20 @@ class TensorBoard(CallbackMixin):
         if self.update_by == "step" and (global_step_id + 1) % self.update_freq == 0:
             self._write_point(optimizer, train_metrics, global_step_id, loop)
         seen = self._seen  # a record already written is the very object still in storage: skip it
-        if self.writer is not None and (
+        if self._writing and (
             storage.get(_VALIDATION_KEY) is not seen.get(_VALIDATION_KEY)
             or storage.get(_STATS_KEY) is not seen.get(_STATS_KEY)
         ):
             self._write_records(storage)
         if self._scalars is not None and self._scalars.pending:
-            self._scalars.flush()
+            self._scalars.write()
 
     def on_epoch_end(
         self, epoch_id: int, global_step_id: int, storage: dict[str, Any], optimizer: Any = None,
         train_metrics: Any = None, loop: Any = None, **kwargs: Any,
     ) -> None:
         if self.update_by == "epoch" and (epoch_id + 1) % self.update_freq == 0:
-            if self.writer is not None:
+            if self._writing:
                 for name, total in self._epoch_sums.items():
                     self._scalar(f"loss/{name}", total / self._epoch_counts[name], global_step_id)
             self._write_point(optimizer, train_metrics, global_step_id, loop)
@@ -395,13 +348,14 @@ class TensorBoard(CallbackMixin):
                 })
             self._epoch_sums, self._epoch_counts, self._last_outs = {}, {}, None
         self._write_records(storage)
-        if self.writer is not None:
-            self._flush()
-            self.writer.flush()
+        if self._scalars is not None:  # every point handed over so far is on disk
+            self._scalars.flush()
+        if self._writer is not None:
+            self._writer.flush()
 
     def on_loop_end(self, storage: dict[str, Any], **kwargs: Any) -> None:
         self._write_records(storage)
-        self._close()
+        self.close()
 
     def __repr__(self) -> str:
         return (

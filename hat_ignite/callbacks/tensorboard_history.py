@@ -1,21 +1,24 @@
-"""A resumed run's TensorBoard history: where it resumes, and the purge marker it writes there.
+"""A run's TensorBoard directory when the run begins: old files removed, or kept with a purge marker.
 
 :class:`~hat_ignite.callbacks.tensorboard.TensorBoard` keeps the event files of the run it
 continues and writes a purge marker right after the checkpoint's step, so TensorBoard and
 :func:`~hat_ignite.visualize.event_file.read_scalars` drop what the interrupted run wrote after
-its checkpoint.
+its checkpoint; a fresh run with ``overwrite`` removes them (:func:`prepare_save_dir`).
 """
 
 from __future__ import annotations
 
 import glob
+import logging
 import os
-import time
 from typing import Any
 
+from hat_ignite.callbacks.tensorboard_scalars import StepScalars
 from hat_ignite.visualize.event_file import EVENT_FILE_GLOB
 
-__all__ = ["resume_step_of", "write_purge_marker"]
+__all__ = ["prepare_save_dir", "resume_step_of", "write_purge_marker"]
+
+logger = logging.getLogger("hat_ignite.callbacks.tensorboard")
 
 
 def resume_step_of(loop: Any) -> int | None:
@@ -35,8 +38,8 @@ def write_purge_marker(save_dir: str, step: int) -> str:
     The marker (a ``SessionLog.START`` event, what tensorboardX's ``purge_step`` writes) tells
     TensorBoard, and :func:`~hat_ignite.visualize.event_file.read_scalars`, to drop the points
     at ``step`` and later that the event files before it hold. It has a file of its own, closed
-    before the run's writer opens, so it is on disk before any new point and the run's writer
-    keeps its fast path.
+    before the run's files open (so it is on disk before any new point), named to sort after
+    the files already there and before the ones the run makes.
 
     Returns:
         The marker file's path.
@@ -52,10 +55,31 @@ def write_purge_marker(save_dir: str, step: int) -> str:
     >>> read_scalars(tmp)["loss"]
     [(0, 0.0), (1, 1.0), (2, 2.0)]
     """
-    from tensorboardX import SummaryWriter
-
     before = set(glob.glob(os.path.join(glob.escape(save_dir), EVENT_FILE_GLOB)))
-    marker = SummaryWriter(logdir=save_dir, purge_step=int(step), filename_suffix=f".{time.time_ns()}.purge")
-    marker.close()
+    StepScalars(save_dir, filename_suffix=".purge", purge_step=int(step)).close()
     made = sorted(set(glob.glob(os.path.join(glob.escape(save_dir), EVENT_FILE_GLOB))) - before)
     return made[-1] if made else save_dir
+
+
+def prepare_save_dir(save_dir: str, overwrite: bool, resume_step: int | None) -> None:
+    """Make ``save_dir``; keep its event files with a purge marker (a resumed run) or remove them.
+
+    A resumed run (``resume_step``, the steps its checkpoint holds) never removes them: it writes
+    a purge marker right after ``resume_step`` (see :func:`write_purge_marker`), so the points
+    the interrupted run wrote after its checkpoint are dropped by TensorBoard and ``hat-curves``
+    and replaced by the points the resumed run writes (a point at ``resume_step`` itself is
+    replaced when the resumed run writes that step). A fresh run with ``overwrite`` removes the
+    event files (only those); without it the run's files are added beside them.
+    """
+    os.makedirs(save_dir, exist_ok=True)
+    old_files = glob.glob(os.path.join(glob.escape(save_dir), EVENT_FILE_GLOB))
+    if resume_step is not None:
+        if old_files:
+            # the epoch-end records of the checkpoint's last epoch carry step resume_step (the
+            # steps done); later points are the killed run's, after the checkpoint
+            write_purge_marker(save_dir, resume_step + 1)
+            logger.info("TensorBoard: resuming at global step %d; the history in %s before it is kept.",
+                        resume_step, save_dir)
+    elif overwrite:
+        for old in old_files:
+            os.remove(old)

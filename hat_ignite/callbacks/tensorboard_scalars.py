@@ -1,104 +1,100 @@
-"""`StepScalars`: the scalars of one step, written to TensorBoard as one event, on the spot.
+"""`StepScalars`: a run's scalars in an event file of their own, one event per step, on the spot.
 
-tensorboardX's ``add_scalar`` sends every scalar as an event of its own through the writer's
-``multiprocessing.Queue`` (pickled by a feeder thread, piped, unpickled and written by a logger
-thread): about 90 µs of CPU for one scalar, far more than the value. :class:`StepScalars`
-collects the scalars a callback writes at a step and writes them as one ``Summary`` with a value
-per tag, straight into the event file, on the calling thread: through the ``EventsWriter`` the
-writer's logger thread writes with, under that writer's own lock, so records never interleave.
-That takes 10–20 µs for a point's four scalars. TensorBoard (and ``hat-curves``) read each
-value under its tag at that step, exactly as if each had been written alone. Tags are cleaned as
-``add_scalar`` cleans them, by tensorboardX's own ``summary.scalar``, once per tag.
+tensorboardX's ``add_scalar`` sends every scalar as an event of its own through the
+``SummaryWriter``'s ``multiprocessing.Queue`` (pickled by a feeder thread, piped, unpickled and
+written by a logger thread): about 90 µs of CPU for one scalar, far more than the value.
+:class:`StepScalars` collects the scalars a callback writes at a step and writes them as one
+``Summary`` with a value per tag, on the calling thread, through tensorboardX's public
+synchronous ``EventsWriter`` (``write_event``, ``flush``, ``close``), into an event file that
+only it writes. TensorBoard (and ``hat-curves``) read each value under its tag at that step,
+exactly as if each had been written alone. Tags are cleaned as ``add_scalar`` cleans them, by
+tensorboardX's own ``summary.scalar``, once per tag.
 
-Why not tensorboardX's public ``file_writer.add_summary``: besides its cost (48–78 µs a point
-against 15–25 µs, docs/benchmarks.md), its events wait in the writer's queue, and
-``writer.flush()`` flushes the file without waiting for that queue. A point handed over just
-before an epoch end's flush (the epoch's validation accuracy) could then sit unwritten until the
-next flush and be lost by a kill, which the resume guarantee (every point on disk at a checkpoint
-is kept, tests/test_resume_history.py) does not allow. Writing on the calling thread puts each
-point in the file before the flush that follows it. The writer's ``EventsWriter`` is reached
-through tensorboardX attributes that are not part of its documented API; a tensorboardX without
-them gets the queued path (below).
+When the points reach the disk: :meth:`StepScalars.write` puts the collected events into the
+file's buffer and flushes the file once ``flush_secs`` have passed since the last flush (as
+tensorboardX's logger thread does), so a running job's points reach the disk within that time;
+:meth:`StepScalars.flush` (the ``TensorBoard`` callback's epoch end) writes and flushes at once,
+so every point handed over before it, the epoch's validation included, is on disk when it
+returns and survives a kill; :meth:`StepScalars.close` (the loop's end) flushes and closes. A
+process that exits without closing it (an exception out of ``fit()``) flushes it on exit.
 
-Events other code adds through the writer (images from a ``tb_update_funcs`` function ...) still
-go through the queue, so they can land in the file after scalars of later steps; the points of
-each tag still come in step order. The file is flushed when the writer is (``writer.flush()``,
-``writer.close()``) and, as tensorboardX's logger thread does for queued events, once
-``flush_secs`` have passed since the last flush, so a running job's points reach the disk within
-that time. A writer without that ``EventsWriter`` (another tensorboardX version,
-``write_to_disk=False``) or one with a ``purge_step`` (whose purge marker must reach the file
-before any new point) gets the events through ``file_writer.add_summary`` instead.
+Why a file of its own: tensorboardX's public way into the ``SummaryWriter``'s file,
+``file_writer.add_summary``, costs more per point and queues the events, and ``writer.flush()``
+does not wait for that queue, so a point handed over just before a flush could still be lost by a
+kill (docs/benchmarks.md, "Public APIs"). The file is named as tensorboardX names its files
+(``events.out.tfevents.<second>.<host>``) with ``.<nanoseconds>`` and the caller's suffix after
+it, so that the files of a directory sort in the order they were made.
 
 >>> import tempfile
->>> from tensorboardX import SummaryWriter
 >>> from hat_ignite.visualize.event_file import event_files, read_scalars
 >>> logdir = tempfile.mkdtemp()
->>> writer = SummaryWriter(logdir=logdir)
->>> scalars = StepScalars(writer)
+>>> scalars = StepScalars(logdir)
 >>> scalars.add("loss/cls", 0.5, step=9)
 >>> scalars.add("lr group 0", 0.1, step=9)   # "lr_group_0", as add_scalar would name it
->>> scalars.flush()
->>> writer.close()
+>>> scalars.flush()   # written and on disk, the file still open
 >>> read_scalars(event_files(logdir)[0])
 {'loss/cls': [(9, 0.5)], 'lr_group_0': [(9, 0.10000000149011612)]}
+>>> scalars.close()
 """
 
 from __future__ import annotations
 
+import atexit
+import logging
+import os
 import time
 from typing import Any
 
-__all__ = ["StepScalars", "direct_events_writer"]
+__all__ = ["StepScalars", "summary_writer"]
+
+logger = logging.getLogger(__name__)
 
 _DEFAULT_FLUSH_SECS = 120.0  # tensorboardX's default
-
-
-def direct_events_writer(writer: Any) -> Any:
-    """The ``EventsWriter`` that a tensorboardX ``SummaryWriter`` writes its file through, or ``None``.
-
-    ``None`` when the writer has none we can write to alongside its logger thread: another layout
-    (a tensorboardX version without it), no file (``write_to_disk=False``), a closed file, or a
-    ``purge_step``.
-    """
-    if getattr(writer, "purge_step", None) is not None:
-        return None
-    file_writer = getattr(writer, "file_writer", None)
-    event_file_writer = getattr(file_writer, "event_writer", None)
-    if getattr(event_file_writer, "_closed", True):
-        return None
-    events = getattr(event_file_writer, "_ev_writer", None)
-    try:
-        from tensorboardX.event_file_writer import EventsWriter
-    except ImportError:  # pragma: no cover - tensorboardX without the module
-        return None
-    if not isinstance(events, EventsWriter) or not hasattr(events, "_lock"):
-        return None
-    return events
+_SCALARS_ONLY = ("purge_step",)  # SummaryWriter arguments that apply to the scalars file alone
 
 
 class StepScalars:
-    """Collects ``(tag, value)`` pairs per step; :meth:`flush` writes each step as one event.
+    """Collects ``(tag, value)`` pairs per step and writes each step as one event, into a new event file.
 
     Args:
-        writer: a tensorboardX ``SummaryWriter``.
-        flush_secs: flush the event file once this many seconds passed since the last flush
-            (pass the writer's own ``flush_secs``; ``None``: tensorboardX's default, 120).
+        save_dir: the directory of the event file (created if missing).
+        flush_secs: :meth:`write` flushes the file once this many seconds passed since the last
+            flush (``None``: tensorboardX's default, 120).
+        filename_suffix: added to the file's name, after its ``.<nanoseconds>``.
+        purge_step: write a purge marker at this step first (what tensorboardX's ``purge_step``
+            writes): readers drop the points at this step and later read from earlier files.
     """
 
-    def __init__(self, writer: Any, flush_secs: float | None = None) -> None:
-        self.writer = writer
+    def __init__(
+        self, save_dir: str, flush_secs: float | None = None, filename_suffix: str = "", purge_step: int | None = None,
+    ) -> None:
+        from tensorboardX.event_file_writer import EventsWriter
+
+        os.makedirs(save_dir, exist_ok=True)
         self.flush_secs = _DEFAULT_FLUSH_SECS if flush_secs is None else float(flush_secs)
+        self._events: Any = EventsWriter(os.path.join(save_dir, "events"), f".{time.time_ns()}{filename_suffix}")
         self._last_file_flush = time.monotonic()
         self._pending: dict[int, list[tuple[str, float]]] = {}
         self._tags: dict[str, str] = {}
+        atexit.register(self._close_at_exit)  # the points of a run that dies with an exception
+        if purge_step is not None:
+            from tensorboardX.proto.event_pb2 import Event, SessionLog
+
+            self._events.write_event(Event(step=int(purge_step), wall_time=time.time(),
+                                           session_log=SessionLog(status=SessionLog.START)))
 
     @property
     def pending(self) -> bool:
-        """Whether scalars wait for the next :meth:`flush`."""
+        """Whether scalars wait for the next :meth:`write`."""
         return bool(self._pending)
 
+    @property
+    def closed(self) -> bool:
+        """Whether the file is closed (what is added from then on is dropped)."""
+        return self._events is None
+
     def add(self, tag: str, value: float, step: int) -> None:
-        """Add a scalar of ``step``; it is written by the next :meth:`flush`."""
+        """Add a scalar of ``step``; it is written by the next :meth:`write` or :meth:`flush`."""
         pairs = self._pending.get(step)
         if pairs is None:
             pairs = self._pending[step] = []
@@ -112,28 +108,68 @@ class StepScalars:
             clean = self._tags[tag] = scalar(tag, 0.0).value[0].tag
         return clean
 
-    def flush(self) -> None:
-        """Write the collected scalars, one event per step, in the order the steps came."""
+    def write(self) -> None:
+        """Write the collected scalars, one event per step in the order the steps came; flush the
+        file when ``flush_secs`` have passed since the last flush."""
         if not self._pending:
             return
         from tensorboardX.proto.event_pb2 import Event
         from tensorboardX.proto.summary_pb2 import Summary
 
         pending, self._pending = self._pending, {}
-        file_writer = self.writer.file_writer
-        if file_writer is None:  # the SummaryWriter was closed: nothing to write to
+        events = self._events
+        if events is None:  # closed: nothing to write to
             return
-        # looked up at each flush, so a file closed or reopened since is noticed; a closed one gets
-        # add_summary, which drops the events as tensorboardX does
-        events = direct_events_writer(self.writer)
         for step, pairs in pending.items():
             summary = Summary(value=[Summary.Value(tag=self._clean(tag), simple_value=value) for tag, value in pairs])
-            if events is None:
-                file_writer.add_summary(summary, step)
-            else:
-                events.write_event(Event(summary=summary, step=int(step), wall_time=time.time()))
-        if events is not None:
-            now = time.monotonic()
-            if now - self._last_file_flush >= self.flush_secs:
-                events.flush()
-                self._last_file_flush = now
+            events.write_event(Event(summary=summary, step=int(step), wall_time=time.time()))
+        if time.monotonic() - self._last_file_flush >= self.flush_secs:
+            self._flush_file()
+
+    def flush(self) -> None:
+        """Write the collected scalars and flush the file: every point added so far is on disk."""
+        self.write()
+        if self._events is not None:
+            self._flush_file()
+
+    def _flush_file(self) -> None:
+        self._events.flush()
+        self._last_file_flush = time.monotonic()
+
+    def close(self) -> None:
+        """Write the collected scalars, flush and close the file; a second call does nothing.
+
+        Raises:
+            OSError: the file cannot take its last points (a full disk); it is closed all the same
+                (nothing is retried at exit).
+        """
+        if self._events is None:
+            return
+        atexit.unregister(self._close_at_exit)
+        try:
+            self.write()
+        finally:
+            events, self._events = self._events, None
+            events.close()
+
+    def _close_at_exit(self) -> None:
+        try:
+            self.close()
+        except (OSError, ValueError) as exc:  # the run failed already; its report said so
+            logger.debug("closing the TensorBoard scalars file at exit failed: %s", exc)
+
+
+def summary_writer(save_dir: str, writer_kwargs: dict[str, Any]) -> Any:
+    """A tensorboardX ``SummaryWriter`` on ``save_dir`` with the callback's ``writer_kwargs``.
+
+    Its file is named after the time it is made (``filename_suffix`` ``.<nanoseconds>`` unless
+    one is given), so it sorts after the run's scalars file and a resumed run's purge marker. A
+    ``purge_step`` is left to the scalars file (a second marker would drop the run's own points).
+    """
+    from tensorboardX import SummaryWriter
+
+    kwargs = {k: v for k, v in writer_kwargs.items() if k not in _SCALARS_ONLY}
+    # tensorboardX names a file by the second and the host only: two writers made in the same
+    # second would share a name. The suffix keeps them apart (and in the order they were made).
+    kwargs.setdefault("filename_suffix", f".{time.time_ns()}")
+    return SummaryWriter(logdir=save_dir, **kwargs)

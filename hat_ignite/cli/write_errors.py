@@ -3,8 +3,8 @@
 A full disk makes ``write()`` or ``flush()`` fail with ``OSError: [Errno 28] No space left on
 device`` (``EFBIG`` past a file-size limit, ``EROFS`` on a read-only mount) and the error names no
 file when it comes from a buffered stream. :func:`failed_file` finds the file from the failing
-call's frames; :func:`close_event_writers` shuts the TensorBoard writers of a failed run down so
-that tensorboardX's exit hook does not fail again on the same file; :class:`LogFile`, the run's
+call's frames; :func:`close_event_writers` closes the event files of a failed run so that
+nothing (tensorboardX's exit hook included) fails again on the same file at exit; :class:`LogFile`, the run's
 log file, reports its first failed write once instead of a logging error per record.
 """
 
@@ -21,7 +21,7 @@ __all__ = ["failed_file", "close_event_writers", "write_error_text", "LogFile", 
 
 logger = logging.getLogger("hat_ignite.cli")
 
-_PATH_ATTRS = ("baseFilename", "path", "_file_name")  # logging handlers, tensorboardX's RecordWriter ...
+_PATH_ATTRS = ("baseFilename", "path")  # logging handlers, tensorboardX's RecordWriter ...
 _STREAM_ATTRS = ("_writer", "stream", "_file", "fileobj")
 
 
@@ -105,30 +105,57 @@ def write_error_text(exc: BaseException) -> str:
 
 
 def close_event_writers(trainer: Any) -> None:
-    """Close the TensorBoard writers of ``trainer``'s callbacks, quietly, after the run failed.
+    """Close the event files of ``trainer``'s callbacks, quietly, after the run failed.
 
-    A writer whose file cannot take its buffered events (a full disk) is marked closed, so that
-    tensorboardX's exit hook, which would flush it again, does nothing.
+    The ``TensorBoard`` callback's files are closed through its public ``close()``: a scalars file
+    that cannot take its last points (a full disk) is closed all the same and retried by nothing.
+    A tensorboardX ``SummaryWriter`` (one a ``tb_update_funcs`` function made, or another
+    callback's ``writer``) that fails to close is marked closed (see :func:`_give_up_writer`).
     """
+    from hat_ignite.callbacks.tensorboard import TensorBoard
+
     for cb in getattr(trainer, "callbacks", None) or []:
+        if isinstance(cb, TensorBoard):
+            writer = cb.writer_if_made  # never cb.writer: that would make a SummaryWriter now
+            try:
+                cb.close()
+            except (OSError, ValueError) as exc:
+                logger.debug("closing the event files of %s failed: %s", cb, exc)
+                if writer is not None:
+                    _give_up_writer(writer)
+            continue
         writer = getattr(cb, "writer", None)
-        event_writer = getattr(getattr(writer, "file_writer", None), "event_writer", None)
-        if writer is None or event_writer is None:
+        if writer is None or getattr(writer, "file_writer", None) is None:
             continue
         try:
             writer.close()
         except (OSError, ValueError) as exc:
             logger.debug("closing the TensorBoard writer of %s failed: %s", type(cb).__name__, exc)
-            worker = getattr(event_writer, "_worker", None)
-            stop = getattr(worker, "stop", None)
-            if callable(stop):
-                try:
-                    stop()
-                except Exception:  # pragma: no cover - the worker thread is gone already
-                    pass
-            if hasattr(event_writer, "_closed"):
-                event_writer._closed = True  # tensorboardX's exit hook skips a closed writer
+            _give_up_writer(writer)
         cb.writer = None
+
+
+def _give_up_writer(writer: Any) -> None:
+    """Stop a tensorboardX ``SummaryWriter`` whose ``close()`` failed, so its exit hook does nothing.
+
+    tensorboardX registers an exit hook per writer that flushes its file again unless the
+    writer's ``EventFileWriter`` is closed, and its ``close()`` sets the flag only after a
+    successful flush: on a full disk the hook would print a traceback at exit. tensorboardX has no
+    public way to drop a file's unwritable events, so this reaches into its private ``_worker``
+    (the logger thread, stopped) and ``_closed``. Only user-made ``SummaryWriter`` objects get
+    here: the callback's own scalars go through a public ``EventsWriter`` and close publicly.
+    """
+    event_writer = getattr(getattr(writer, "file_writer", None), "event_writer", None)
+    if event_writer is None:
+        return
+    stop = getattr(getattr(event_writer, "_worker", None), "stop", None)
+    if callable(stop):
+        try:
+            stop()
+        except Exception:  # pragma: no cover - the worker thread is gone already
+            pass
+    if hasattr(event_writer, "_closed"):
+        event_writer._closed = True  # tensorboardX's exit hook skips a closed writer
 
 
 class LogFile(logging.FileHandler):
