@@ -16,8 +16,8 @@ A save point writes the periodic file (temp file, fsync, rename, directory fsync
 the previous checkpoints loadable. Before each write the NaN/Inf flags of updates still in
 flight are read (``loop.settle_updates()``): an update the guard skipped on the device raises
 :class:`~hat_ignite.errors.NonFiniteLossError` naming its step, and nothing is written, so no
-checkpoint holds a step whose update was skipped. The periodic file records the best value and the step it was
-reached at; a run that resumes from it first brings ``last`` and ``best`` up to that record
+checkpoint holds a step whose update was skipped. The periodic file records the best value and
+the step it was reached at; a run that resumes from it first brings ``last`` and ``best`` up to that record
 (:mod:`.checkpoint_reconcile`), so a kill between the writes never leaves them stale. What a checkpoint holds is listed in
 :mod:`.checkpoint_payload`; how it is verified on load in :mod:`.checkpoint_io`.
 """

@@ -34,8 +34,9 @@ Stopping. :meth:`~ResumableLoopMixin.request_stop` (safe to call from a signal h
 stores the reason) makes the loop stop at the next step boundary: the NaN/Inf flags still in
 flight are read first (:meth:`~ResumableLoopMixin.settle_updates`: an update the guard skipped
 raises :class:`~hat_ignite.errors.NonFiniteLossError` naming its step, and nothing is written),
-then each callback with a ``save_resume_point(loop)`` method (``Checkpoint``) writes a resumable checkpoint, the loop
-terminates without closing the partial epoch (no ``on_epoch_end``), and ``on_loop_end`` fires.
+then each callback with a ``save_resume_point(loop)`` method (``Checkpoint``) writes a resumable
+checkpoint, the loop terminates without closing the partial epoch (no ``on_epoch_end``), and
+``on_loop_end`` fires.
 In a run of several processes the ranks vote at every step boundary
 (:class:`~hat_ignite.engine.stop_vote.StopVote`), so a request that reaches any rank stops all of
 them after the same step; rank 0 writes the checkpoint and the others wait for it.
