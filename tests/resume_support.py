@@ -3,7 +3,9 @@
 The config trains an MLP with dropout on 96 generated points with random augmentation (noise
 from torch, scale from python's ``random`` and numpy), shuffled, 6 steps per epoch, 3 epochs,
 validating at each epoch end (which draws from torch's generator too), and saves a checkpoint
-every 2 steps. Environment variables steer a run:
+every 2 steps. The optimizer is fused SGD, as in the shipped configs, so the on-device NaN/Inf
+guard (and, on 2 processes, its flag all-reduce beside the stop vote) runs in every signal and
+resume test. Environment variables steer a run:
 
 - ``KILL_AT``: ``"step:3"`` sends SIGKILL to the process in ``on_step_end`` of global step 3
   (before that step's checkpoint is written); ``"epoch:1"`` in ``on_epoch_end`` of epoch 1 (after
@@ -105,7 +107,7 @@ CONFIG = textwrap.dedent('''
         data_loader=dict(type="torch.utils.data.DataLoader", dataset=dict(type=NoisyBlobs, size=96, seed=0),
                          batch_size=16, shuffle=True,
                          num_workers=num_workers),
-        optimizer=dict(type="torch.optim.SGD", lr=0.2, momentum=0.9, weight_decay=1e-4),
+        optimizer=dict(type="torch.optim.SGD", lr=0.2, momentum=0.9, weight_decay=1e-4, fused=True),
         batch_processor=dict(type="BasicBatchProcessor", need_grad_update=True, enable_amp=amp,
                              enable_amp_dtype="bfloat16", loss_collector=dict(type="collect_loss_by_index", indexes=0)),
         device=None,

@@ -13,8 +13,11 @@ content hash, present when ``save_hash``)::
 written (a copy where the file system has no hard links), swapped in with one atomic rename.
 A save point writes the periodic file (temp file, fsync, rename, directory fsync), then
 ``last``, then ``best``, and only then deletes superseded files, so a crash at any moment leaves
-the previous checkpoints loadable. The periodic file records the best value and the step it was
-reached at; a run that resumes from it first brings ``last`` and ``best`` up to that record
+the previous checkpoints loadable. Before each write the NaN/Inf flags of updates still in
+flight are read (``loop.settle_updates()``): an update the guard skipped on the device raises
+:class:`~hat_ignite.errors.NonFiniteLossError` naming its step, and nothing is written, so no
+checkpoint holds a step whose update was skipped. The periodic file records the best value and
+the step it was reached at; a run that resumes from it first brings ``last`` and ``best`` up to that record
 (:mod:`.checkpoint_reconcile`), so a kill between the writes never leaves them stale. What a checkpoint holds is listed in
 :mod:`.checkpoint_payload`; how it is verified on load in :mod:`.checkpoint_io`.
 """
@@ -76,6 +79,14 @@ def _as_float(value: Any, what: str) -> float:
         return float(value)
     except (TypeError, ValueError):
         raise TypeError(f"{what} is {value!r}; the monitored metric must be one number.") from None
+
+
+def _settle(loop: Any) -> None:
+    """Read the NaN/Inf guard's flags still in flight (``loop.settle_updates()``), so an update the
+    guard skipped raises, naming its step, before a checkpoint holding it is written."""
+    settle = getattr(loop, "settle_updates", None)
+    if settle is not None:
+        settle()
 
 
 class Checkpoint(CallbackMixin):
@@ -244,9 +255,10 @@ class Checkpoint(CallbackMixin):
             self.save_point(loop, "epoch", epoch_id, epoch_id, global_step_id, storage, val_metrics)
 
     def on_loop_end(self, loop: LoopBase, epoch_id: int, global_step_id: int, **kwargs: Any) -> None:
-        if not self.save_on_train_end or not self._is_writer():
+        if not self.save_on_train_end:
             return
-        if self._saved_iteration == loop.state.iteration:
+        _settle(loop)  # every rank: a skipped update raises on all of them
+        if not self._is_writer() or self._saved_iteration == loop.state.iteration:
             return  # the final save point already wrote this state
         path = atomic_save(with_content_hash(self._training_state(loop, epoch_id, global_step_id)), self.last_path)
         self._saved_iteration = loop.state.iteration
@@ -276,6 +288,7 @@ class Checkpoint(CallbackMixin):
         Returns:
             The periodic file's absolute path (``None`` on ranks other than 0).
         """
+        _settle(loop)  # before anything is written: never a checkpoint of a skipped update
         is_best = self._update_best(storage, val_metrics, getattr(loop.state, "metrics", None))
         if is_best:
             self._best_iteration = int(loop.state.iteration)

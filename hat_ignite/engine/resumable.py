@@ -31,9 +31,12 @@ Ignite's own recipes. A state loaded with :meth:`~ResumableLoopMixin.load_state_
 iteration; a run paused by Ignite's ``interrupt()`` is continued by the next ``fit()``.
 
 Stopping. :meth:`~ResumableLoopMixin.request_stop` (safe to call from a signal handler: it only
-stores the reason) makes the loop stop at the next step boundary: each callback with a
-``save_resume_point(loop)`` method (``Checkpoint``) writes a resumable checkpoint, the loop
-terminates without closing the partial epoch (no ``on_epoch_end``), and ``on_loop_end`` fires.
+stores the reason) makes the loop stop at the next step boundary: the NaN/Inf flags still in
+flight are read first (:meth:`~ResumableLoopMixin.settle_updates`: an update the guard skipped
+raises :class:`~hat_ignite.errors.NonFiniteLossError` naming its step, and nothing is written),
+then each callback with a ``save_resume_point(loop)`` method (``Checkpoint``) writes a resumable
+checkpoint, the loop terminates without closing the partial epoch (no ``on_epoch_end``), and
+``on_loop_end`` fires.
 In a run of several processes the ranks vote at every step boundary
 (:class:`~hat_ignite.engine.stop_vote.StopVote`), so a request that reaches any rank stops all of
 them after the same step; rank 0 writes the checkpoint and the others wait for it.
@@ -67,6 +70,7 @@ class ResumableLoopMixin(_EngineBase):
 
     state: Any
     data_loader: Any
+    batch_processor: Any
     optimizer: Any
     callbacks: list[Any]
     model_convert_pipeline: Any
@@ -122,6 +126,21 @@ class ResumableLoopMixin(_EngineBase):
             raise ValueError(f"request_stop: code must be a positive int, got {code!r}.")
         self.stop_code = int(code)
         self.stop_requested = str(reason)
+
+    def settle_updates(self) -> None:
+        """Make known whether every queued optimizer update really ran; call before saving.
+
+        With a fused optimizer the NaN/Inf guard lets the optimizer skip an update on the device
+        and reads the flag a step later (:mod:`~hat_ignite.engine.processors.nonfinite_device`).
+        This reads the flags still in flight now (a blocking read), so a skipped update raises
+        :class:`~hat_ignite.errors.NonFiniteLossError` naming its step before a checkpoint of it
+        is written. ``Checkpoint`` calls it before each write; the loop calls it before it stops
+        on request. All ranks must call it at the same step (their flags are all-reduced, so
+        they all raise together). Does nothing when no flag is pending.
+        """
+        settle = getattr(self.batch_processor, "settle_updates", None)
+        if settle is not None and self.optimizer is not None:
+            settle(self)
 
     def data_state_dict(self) -> dict[str, Any] | None:
         """Where the training data stream stands: what an exact mid-epoch resume needs.
@@ -268,6 +287,7 @@ class ResumableLoopMixin(_EngineBase):
                 reason = self.stop_requested or f"another process asked to stop (code {code})"
         if not code:
             return
+        self.settle_updates()  # a skipped update raises here, before any checkpoint is written
         self.stop_requested = None
         self.stopped_by, self.stop_code = reason, code
         for cb in self.callbacks:

@@ -341,6 +341,19 @@ class BatchProcessorMixin(ABC):
         if guard is not None:
             guard.flush(engine)
 
+    def settle_updates(self, engine: LoopBase) -> None:
+        """Read the NaN/Inf flags of every update still in flight, waiting for the device.
+
+        With a fused optimizer the flags of the last update are read a step later; this reads
+        them now, so :class:`~hat_ignite.errors.NonFiniteLossError` (``nonfinite_policy="raise"``)
+        is raised, naming the step, before anything records the parameters. A blocking read: the
+        loop calls it only where it saves or stops (``loop.settle_updates()``), never per
+        step. Nothing to read without a guard or with the blocking guard.
+        """
+        guard = getattr(self, "nonfinite", None)
+        if guard is not None:
+            guard.flush(engine)
+
     def _optimizer_step(self, engine: LoopBase, rescale: float | None = None) -> None:
         """``OPTIMIZER_STEP_BEGIN``, then the checked, clipped update (see the module docstring).
 

@@ -15,6 +15,9 @@ Adam, AdamW, Adagrad) and no enabled ``GradScaler`` steps it. Per update:
    and a CUDA event on a GPU, so the copy does not block) and notes the step it belongs to.
 4. :meth:`DeviceFlags.ready` reads the slots whose copies have landed: on a GPU those whose event
    completed (it waits only when four steps are pending), on the CPU the previous step's.
+   At an epoch end, before any checkpoint is written and before the loop stops on request,
+   every pending slot is read at once (``final=True``; ``loop.settle_updates()``), so no
+   checkpoint holds a step whose update was skipped.
 
 Under the ``"raise"`` policy the flags are never reset, so once set every later update skips as
 well, until the guard raises one or more steps later naming the step that went wrong. Under
