@@ -51,6 +51,7 @@ from hat_ignite.callbacks.checkpoint_files import (
     scan_checkpoints,
     weights_finite,
 )
+from hat_ignite.callbacks.checkpoint_monitor import monitored_value
 from hat_ignite.callbacks.checkpoint_payload import training_state, unwrap_model
 from hat_ignite.callbacks.checkpoint_reconcile import reconcile
 from hat_ignite.errors import CheckpointError
@@ -64,21 +65,6 @@ logger = logging.getLogger(__name__)
 
 _MODES = ("max", "min")
 _KINDS = ("epoch", "step")
-
-
-def _as_float(value: Any, what: str) -> float:
-    if isinstance(value, torch.Tensor):
-        if value.numel() != 1:
-            raise TypeError(
-                f"{what} is a tensor of shape {tuple(value.shape)}; the monitored metric must be one number."
-            )
-        return float(value.item())
-    if isinstance(value, (list, tuple)) and len(value) == 1:
-        return _as_float(value[0], what)
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        raise TypeError(f"{what} is {value!r}; the monitored metric must be one number.") from None
 
 
 def _settle(loop: Any) -> None:
@@ -373,48 +359,11 @@ class Checkpoint(CallbackMixin):
         return "the run resumed from it" if (kind, number) in self._resumed_numbers else None
 
     # -- best metric ---------------------------------------------------------------------------
-    def _monitored_value(self, storage: Any, val_metrics: Any, engine_metrics: Any = None) -> float | None:
-        key = self.monitor_metric_key
-        if self.best_refer_metric is None and key is not None and isinstance(storage, Mapping):
-            if key in storage:
-                return _as_float(storage[key], f"storage[{key!r}]")
-            for name, values in storage.items():  # e.g. storage["monitor_obj"] = {"accuracy": 0.93}
-                if isinstance(values, Mapping) and key in values:
-                    return _as_float(values[key], f"storage[{name!r}][{key!r}]")
-            if isinstance(engine_metrics, Mapping) and key in engine_metrics:  # put there by Ignite metrics
-                return _as_float(engine_metrics[key], f"engine.state.metrics[{key!r}]")
-        metrics = self.best_refer_metric
-        if metrics is None:
-            if val_metrics is None:
-                return None
-            metrics = list(val_metrics.values()) if isinstance(val_metrics, Mapping) else val_metrics
-            metrics = metrics if isinstance(metrics, (list, tuple)) else [metrics]
-        for metric in metrics:
-            if not callable(getattr(type(metric), "get", None)):  # Ignite metrics answer any attribute
-                continue
-            names, values = metric.get()
-            names = list(names) if isinstance(names, (list, tuple)) else [names]
-            values = list(values) if isinstance(values, (list, tuple)) else [values]
-            if key is None:
-                if len(values) != 1:
-                    raise ValueError(
-                        f"Checkpoint: {type(metric).__name__}.get() returned {len(values)} values "
-                        f"{names}; set monitor_metric_key to the one to monitor."
-                    )
-                return _as_float(values[0], f"{type(metric).__name__} value")
-            if key in names:
-                return _as_float(values[names.index(key)], f"{type(metric).__name__} value {key!r}")
-        if self.best_refer_metric is not None:
-            raise ValueError(
-                f"Checkpoint(monitor_metric_key={key!r}): best_refer_metric has no value named "
-                f"{key!r}. Use one of the names its get() returns."
-            )
-        return None
-
     def _update_best(self, storage: Any, val_metrics: Any, engine_metrics: Any = None) -> bool:
         if self.mode is None:
             return False
-        value = self._monitored_value(storage, val_metrics, engine_metrics)
+        value = monitored_value(self.monitor_metric_key, self.best_refer_metric, storage, val_metrics,
+                                engine_metrics)
         if value is None:
             if not self._warned_missing:
                 logger.warning(
