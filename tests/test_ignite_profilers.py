@@ -6,7 +6,7 @@ import csv
 import time
 
 import torch
-from ignite.handlers import HandlersTimeProfiler
+from ignite.handlers import BasicTimeProfiler, HandlersTimeProfiler
 from torch.utils.data import DataLoader, Subset
 
 from hat_ignite.callbacks import CallbackMixin
@@ -67,3 +67,20 @@ def test_handlers_time_profiler_counts_hat_hooks_twice_ours_once(tmp_path):
     with open(tmp_path / "profile.csv", newline="") as f:
         written = {row["name"]: row for row in csv.DictReader(f)}
     assert int(written["STEP_END: SlowHook.on_step_end"]["calls"]) == STEPS
+
+
+def test_basic_time_profiler_has_no_row_for_hat_hooks():
+    # BasicTimeProfiler reports Ignite's built-in events only: the HAT hook is nowhere by name,
+    # its time is inside "processing" (the process function fires it)
+    hook = SlowHook()
+    trainer = make_trainer(hook)
+    profiler = BasicTimeProfiler()
+    profiler.attach(trainer)
+    trainer.fit()
+    results = profiler.get_results()
+    names = [name for names in results["event_handlers_names"].values() for name in names]
+    assert not any("SlowHook" in name or "on_step_end" in name for name in names), names
+    assert all(event == "total_time" or not event.startswith(("STEP_", "FORWARD_", "BACKWARD_"))
+               for event in results["event_handlers_stats"])
+    assert results["processing_stats"]["total"] >= hook.spent
+
