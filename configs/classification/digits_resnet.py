@@ -12,7 +12,7 @@ hat-ignite (see docs/hat-migration.md).
     python bin/hat-predict configs/classification/digits_resnet.py --stage int_infer
 
 The float stage reaches 99.7 % validation accuracy (360 held-out images) in 16 epochs: about
-20 s on two idle CPU cores (7 minutes when they are heavily shared); the int8 model keeps it
+8 s on two idle CPU cores (minutes when they are heavily shared); the int8 model keeps it
 (bench/convnet_report.py measures every stage). The model is a conv-BN-ReLU stem and three
 residual stages (16, 32, 64 channels), trained with random affine augmentation of each training
 batch.
