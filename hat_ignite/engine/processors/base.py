@@ -332,14 +332,11 @@ class BatchProcessorMixin(ABC):
         """
         if not self.need_grad_update:
             return
-        # a user's processor that subclasses the mixin with a __call__ of its own has no guard
-        guard = getattr(self, "nonfinite", None)
         pending = getattr(engine.state, "grad_pending_steps", 0)
         if pending:
             self._optimizer_step(engine, rescale=self.grad_accumulation_step / pending)
             engine.state.grad_pending_steps = 0
-        if guard is not None:
-            guard.flush(engine)
+        self.settle_updates(engine)
 
     def settle_updates(self, engine: LoopBase) -> None:
         """Read the NaN/Inf flags of every update still in flight, waiting for the device.
@@ -350,7 +347,7 @@ class BatchProcessorMixin(ABC):
         loop calls it only where it saves or stops (``loop.settle_updates()``), never per
         step. Nothing to read without a guard or with the blocking guard.
         """
-        guard = getattr(self, "nonfinite", None)
+        guard = getattr(self, "nonfinite", None)  # a user's processor with a __call__ of its own has none
         if guard is not None:
             guard.flush(engine)
 
