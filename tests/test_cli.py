@@ -109,6 +109,20 @@ def test_dry_run_of_a_ddp_stage_builds_it_in_its_launched_process(tmp_path):
     assert "  LOOP_END (on_loop_end):" in proc.stdout and not work_dir.exists()
 
 
+def test_an_error_in_a_ddp_stage_is_one_paragraph(tmp_path):
+    """A DDP stage is built in its launched process: its errors still read as one paragraph."""
+    config = tmp_path / "ddp.py"
+    config.write_text(DIGITS_CONFIG.read_text().replace('type="Trainer"', 'type="distributed_data_parallel_trainer"', 1))
+    proc = run_tool("hat-train", "-c", config, "--work-dir", tmp_path / "wd", "--opts",
+                    "float_trainer.model.hiden_features", "3", cwd=tmp_path, timeout=180)
+    assert proc.returncode == 1
+    errors = [line for line in proc.stderr.splitlines() if "error:" in line]
+    assert errors == [f"hat-train: error: {config}: float_trainer.model: cannot build MLPClassifier: got an "
+                      f"unexpected keyword argument 'hiden_features'. Did you mean 'hidden_features' for "
+                      f"'hiden_features'? (run again with --debug for the traceback)"], proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "ProcessRaisedException" not in proc.stderr
+
+
 def test_unknown_stage_lists_the_existing_ones(tmp_path, capsys):
     work_dir = tmp_path / "wd"
     assert train_cli.main([str(DIGITS_CONFIG), "--stage", "int8", "--work-dir", str(work_dir)]) == 1

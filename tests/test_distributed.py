@@ -196,8 +196,8 @@ def test_a_nan_loss_on_one_rank_stops_every_rank_at_that_step(tmp_path):
     assert proc.returncode != 0
     where = ("training float_trainer failed at epoch_id=0, global_step_id=2: NonFiniteLossError: "
              "Non-finite loss at epoch_id=0, step_id=2, global_step_id=2, batch_idx=0")
-    assert f"hat-train (rank 1): error: CliError: {where}: losses[0]=nan." in proc.stderr, proc.stderr[-4000:]
-    assert f"hat-train (rank 0): error: CliError: {where}: on another rank (this rank's: losses[0]=" \
+    assert f"hat-train (rank 1): error: {where}: losses[0]=nan." in proc.stderr, proc.stderr[-4000:]
+    assert f"hat-train (rank 0): error: {where}: on another rank (this rank's: losses[0]=" \
         in proc.stderr, proc.stderr[-4000:]
     assert "Timeout" not in proc.stderr and "timed out" not in proc.stderr
     assert not (tmp_path / "out").exists()  # no rank reached the end of the loop

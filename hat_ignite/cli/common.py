@@ -71,6 +71,21 @@ def load_config(
 
 
 # -- running ----------------------------------------------------------------------------------
+def report_failure(prog: str, exc: BaseException, debug: bool) -> None:
+    """Print a command's failure as one paragraph on stderr (after the traceback with ``debug``).
+
+    Args:
+        prog: how the line starts, e.g. ``"hat-train"`` or ``"hat-train (rank 1)"``.
+        exc: the exception the command ended with (being handled, for the traceback).
+        debug: print the traceback first, and no hint to rerun with ``--debug``.
+    """
+    if debug:
+        traceback.print_exc()
+    text = str(exc) if isinstance(exc, (CliError, HatIgniteError)) else f"{type(exc).__name__}: {exc}"
+    hint = "" if debug else " (run again with --debug for the traceback)"
+    print(f"{prog}: error: {text}{hint}", file=sys.stderr, flush=True)
+
+
 def run_main(prog: str, body: Callable[[list[str]], int], argv: Sequence[str] | None) -> int:
     """Run ``body(argv)``; turn any failure into one paragraph on stderr and a non-zero exit."""
     from hat_ignite.hat_alias import hat_alias_installed, uninstall_hat_alias
@@ -93,11 +108,7 @@ def run_main(prog: str, body: Callable[[list[str]], int], argv: Sequence[str] | 
         print(f"{prog}: interrupted.", file=sys.stderr)
         return 130
     except Exception as exc:  # the command's last line of defence: report, never a bare traceback
-        if debug:
-            traceback.print_exc()
-        text = str(exc) if isinstance(exc, (CliError, HatIgniteError)) else f"{type(exc).__name__}: {exc}"
-        hint = "" if debug else " (run again with --debug for the traceback)"
-        print(f"{prog}: error: {text}{hint}", file=sys.stderr)
+        report_failure(prog, exc, debug)
         return 1
     finally:
         from hat_ignite.cli.workdir_lock import release_held_locks

@@ -33,7 +33,7 @@ import threading
 from typing import Any, Callable, Sequence
 
 from hat_ignite.builtin_names import HAT_ALIASES
-from hat_ignite.cli.common import CliError
+from hat_ignite.cli.common import CliError, report_failure
 
 __all__ = [
     "add_distributed_arguments", "device_ids_of", "parse_device_ids", "distributed_stage",
@@ -161,28 +161,39 @@ def follow_launcher_signals(trainer: Any) -> None:
 
 
 def _worker(device: Any, body: Callable[[list[str]], int], argv: list[str], exit_box: Any = None,
-            stop_box: Any = None) -> None:
-    """Run the command as one process of a DDP job (module level: the spawn method pickles it)."""
+            stop_box: Any = None, fail_box: Any = None) -> None:
+    """Run the command as one process of a DDP job (module level: the spawn method pickles it).
+
+    A failure is reported here, as one paragraph (``hat-train (rank N): error: ...`` when there
+    are several processes), and ``fail_box`` is set, so the launching process ends with exit code
+    1 without printing the spawn machinery's tracebacks.
+    """
     _Worker.launched, _Worker.device = True, device
     _Worker.exit_box, _Worker.stop_box = exit_box, stop_box
     import ignite.distributed as idist
 
     from hat_ignite.cli.workdir_lock import release_held_locks
 
+    several = idist.get_world_size() > 1
     try:
         code = body(argv)
-    except BaseException as exc:
-        if idist.get_world_size() > 1:  # say which rank failed: only rank 0 logs
-            print(f"hat-train (rank {idist.get_rank()}): error: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-        raise
+        if code and code not in _STOP_EXITS:
+            raise CliError(f"rank {idist.get_rank()} exited with code {code}")
+    except Exception as exc:
+        prog = f"hat-train (rank {idist.get_rank()})" if several else "hat-train"
+        if fail_box is None:  # a caller that reports failures itself
+            if several:  # say which rank failed: only rank 0 logs
+                report_failure(prog, exc, debug=False)
+            raise
+        report_failure(prog, exc, debug="--debug" in argv)
+        with fail_box.get_lock():
+            fail_box.value = 1
+        raise SystemExit(1) from None  # the launcher sees exit code 1, with nothing more to print
     finally:
         release_held_locks()  # rank 0 held the work dir's lock for the job
     if code in _STOP_EXITS and exit_box is not None:  # stopped by a signal, checkpoint saved
         with exit_box.get_lock():
             exit_box.value = max(exit_box.value, code)
-        return
-    if code:
-        raise CliError(f"rank {idist.get_rank()} exited with code {code}")
 
 
 def _forward_stop_signals(stop_box: Any) -> Callable[[], None]:
@@ -250,13 +261,18 @@ def distributed_stage(
     launch = build_launcher(_DDP)
     context = multiprocessing.get_context("spawn")
     exit_box, stop_box = context.Value("i", 0), context.Value("i", 0, lock=False)
+    fail_box = context.Value("i", 0)
     restore = (lambda: None) if is_torchrun() else _forward_stop_signals(stop_box)  # torchrun signals every rank
     try:
         launch(
             _worker, device_ids=args.device_ids, num_processes=args.nproc, nnodes=args.nnodes,
             node_rank=args.node_rank, master_addr=args.master_addr, master_port=args.master_port,
-            timeout=args.dist_timeout, args=(body, list(argv), exit_box, stop_box),
+            timeout=args.dist_timeout, args=(body, list(argv), exit_box, stop_box, fail_box),
         )
+    except Exception as exc:
+        if fail_box.value and getattr(exc, "exit_code", None) == 1:  # a rank reported its failure already
+            return 1
+        raise  # a rank killed by a signal ...: the launcher's message says how it died
     finally:
         restore()
     if exit_box.value:
