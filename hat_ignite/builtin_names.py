@@ -84,7 +84,7 @@ HAT_ALIASES: dict[str, str] = {
 }
 BUILTIN_OBJECTS.update({alias: BUILTIN_OBJECTS[name] for alias, name in HAT_ALIASES.items()})
 
-#: HAT engine names hat-ignite deliberately does not provide, with what to use instead.
+#: HAT engine and callback names hat-ignite deliberately does not provide, with what to use instead.
 NOT_PROVIDED: dict[str, str] = {
     "ApexDistributedDataParallelTrainer": "NVIDIA Apex is not supported; use 'DistributedDataParallelTrainer' "
     "with the batch processor's enable_amp=True",
@@ -93,4 +93,7 @@ NOT_PROVIDED: dict[str, str] = {
     "DeepSpeedTrainer": "DeepSpeed is not supported; use 'DistributedDataParallelTrainer'",
     "deepspeed_trainer": "DeepSpeed is not supported; use 'distributed_data_parallel_trainer'",
     "AIDIPredictor": "AIDI (Horizon's platform) is not supported; use 'Predictor'",
+    "AIDIExperimentManager": "AIDI experiment tracking (Horizon's platform) is not supported; drop this "
+    "callback (HAT configs add it when enable_model_tracking is True: set that to False in the config file, "
+    "since --opts cannot change a value the config already used)",
 }

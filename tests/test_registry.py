@@ -277,6 +277,9 @@ def test_hat_snake_case_engine_aliases_resolve_to_the_engines():
     with pytest.raises(ConfigError, match=r"type 'deepspeed_trainer' is a HAT class hat-ignite does not provide: "
                                           r"DeepSpeed is not supported; use 'distributed_data_parallel_trainer'"):
         build_from_cfg({"type": "deepspeed_trainer"})
+    with pytest.raises(ConfigError, match=r"cb\.type: type 'AIDIExperimentManager' is a HAT class hat-ignite does "
+                                          r"not provide: AIDI experiment tracking .* enable_model_tracking"):
+        build_from_cfg({"type": "AIDIExperimentManager", "model_name": "x"}, key_path="cb")
 
 
 def test_a_typo_in_an_argument_name_names_the_closest_valid_one():
