@@ -132,12 +132,13 @@ def test_epoch_reset_logs_each_step_interval_and_epoch(caplog):
 
 def test_step_reset_reports_each_step_alone(caplog):
     caplog.set_level(logging.INFO, logger=LOGGER)
-    updater = MetricUpdater(update_metric, metrics=new_metrics(), step_log_freq=1, reset_metrics_by="step")
+    updater = MetricUpdater(update_metric, metrics=new_metrics(), step_log_freq=1, reset_metrics_by="step",
+                            log_prefix="resnet18_cls")  # HAT configs pass the bare task name
     trainer, rec = train(updater, num_epochs=1)
     logs = parse(caplog)
     assert len(logs) == STEPS_PER_EPOCH  # no epoch log: epoch_log_freq only works with epoch resets
     for step, (head, values) in enumerate(logs):
-        assert head == f"Epoch[0] Step[{step}] GlobalStep[{step}]"
+        assert head == f"resnet18_cls Epoch[0] Step[{step}] GlobalStep[{step}]"
         assert values["acc"] == pytest.approx(rec.acc(range(step, step + 1)), abs=1e-6)
     assert trainer.state.storage["monitor_obj"]["acc"] == pytest.approx(rec.acc(range(5, 6)), abs=1e-6)
 

@@ -101,7 +101,8 @@ class MetricUpdater(CallbackMixin):
             each step log) or ``"epoch"`` (accumulate over the epoch).
         epoch_log_freq: log every ``epoch_log_freq`` epochs; only with ``reset_metrics_by="epoch"``;
             ``< 1`` disables epoch logs.
-        log_prefix: text put in front of every log line (e.g. ``"Validation "``).
+        log_prefix: text put in front of every log line (e.g. ``"Validation "``); a space is
+            added after a prefix that does not end with one (HAT configs pass the task name).
         step_storage_freq: store the values every ``step_storage_freq`` global steps; ``< 1``
             disables step storage.
         epoch_storage_freq: store the values every ``epoch_storage_freq`` epochs; ``< 1`` disables
@@ -171,7 +172,9 @@ class MetricUpdater(CallbackMixin):
         self.step_log_freq = step_log_freq
         self.reset_metrics_by = reset_metrics_by
         self.epoch_log_freq = epoch_log_freq
-        self.log_prefix = log_prefix or ""
+        prefix = log_prefix or ""
+        # HAT configs pass a bare name (log_prefix=task_name): keep it apart from "Epoch[...]"
+        self.log_prefix = prefix + " " if prefix and not prefix[-1].isspace() else prefix
         self.step_storage_freq = step_storage_freq
         self.epoch_storage_freq = epoch_storage_freq
         self.storage_key = storage_key
