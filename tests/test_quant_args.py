@@ -243,3 +243,38 @@ def test_fuse_bn_exports_in_eval_form_but_dropout_still_trains():
     assert not torch.equal(model.net(x), model.net(x))  # dropout active in QAT training
     model.eval()
     assert torch.equal(model.net(x), model.net(x))
+
+
+def test_hat_converters_without_example_inputs_trace_with_the_engines_first_batch():
+    """HAT's converter configs give no example inputs: an engine lends its data loader's first batch,
+    and drawing it (a shuffling loader) leaves the run's random numbers as example inputs would;
+    a converter outside an engine still says how to give them."""
+    from torch.utils.data import DataLoader
+
+    from hat_ignite.engine import BasicBatchProcessor, Calibrator, Predictor
+
+    images = batch(n=16, seed=3)
+    dataset = [{"img": images["img"][i], "labels": images["labels"][i]} for i in range(16)]
+
+    def calibrator(example_inputs):
+        converter = dict(type="Float2Calibration", convert_mode="eager", modules=["net"])
+        if example_inputs is not None:
+            converter["example_inputs"] = example_inputs
+        model = small_resnet()
+        torch.manual_seed(7)
+        engine = Calibrator(model=model, data_loader=DataLoader(dataset, batch_size=8, shuffle=True),
+                            model_convert_pipeline=dict(type="ModelConvertPipeline", converters=[converter]),
+                            batch_processor=BasicBatchProcessor(need_grad_update=False), device=None, num_steps=2)
+        return engine, torch.get_rng_state()
+
+    lent, rng_after_lent = calibrator(None)
+    given, rng_after_given = calibrator(batch(n=8, seed=4))
+    assert torch.equal(rng_after_lent, rng_after_given)
+    assert [m.stage for m in prepared_modules(lent.model)] == ["calibration"]
+    lent.fit()
+    predictor = Predictor(model=small_resnet(), data_loader=[DataLoader(dataset, batch_size=8)] * 2,
+                          model_convert_pipeline=[Float2Calibration(modules=["net"])],
+                          batch_processor=BasicBatchProcessor(need_grad_update=False), device=None)
+    assert len(prepared_modules(predictor.model)) == 1  # several loaders: the first one's batch
+    with pytest.raises(QuantizationError, match=r"Float2QAT: give example_inputs .* no data_loader"):
+        Float2QAT(modules=["net"])(small_resnet())

@@ -222,8 +222,16 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module or a model config, got {type(model).__name__}.")
         pipeline = build_if_config(model_convert_pipeline, "model_convert_pipeline")
-        for convert in ([] if pipeline is None else pipeline if isinstance(pipeline, (list, tuple)) else [pipeline]):
-            model = cast(torch.nn.Module, convert(model))  # a converter returns the converted model
+        self.data_loader = build_if_config(data_loader, "data_loader")
+        converters = [] if pipeline is None else pipeline if isinstance(pipeline, (list, tuple)) else [pipeline]
+        if converters:
+            # converters without example inputs trace with this engine's first batch, so HAT's
+            # converter configs (which need none) work as written
+            from hat_ignite.quantization.capture import stage_examples
+
+            with stage_examples(self.data_loader):
+                for convert in converters:
+                    model = cast(torch.nn.Module, convert(model))  # a converter returns the converted model
         self.model: torch.nn.Module = model.to(self.torch_device) if self.torch_device.type != "cpu" else model
         if compiler is not None and compiler is not False:
             from hat_ignite.engine.compile import apply_compiler, build_compiler  # only runs that compile
@@ -231,7 +239,6 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
             self.model = apply_compiler(build_compiler(compiler), self.model)
         #: The ``compiler`` argument (applied to the model above).
         self.compiler = compiler
-        self.data_loader = build_if_config(data_loader, "data_loader")
         if optimizer is not None and isinstance(optimizer, dict):
             from hat_ignite.optimizers import build_optimizer
 

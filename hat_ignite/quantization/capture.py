@@ -10,8 +10,11 @@ own and names it, with the source line torch reports, in a :class:`QuantizationE
 from __future__ import annotations
 
 import inspect
+import logging
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import torch
@@ -19,24 +22,64 @@ from torch import nn
 
 from hat_ignite.errors import QuantizationError
 
-__all__ = ["example_batch", "model_args", "capture_inputs", "export_module"]
+__all__ = ["example_batch", "stage_examples", "model_args", "capture_inputs", "export_module"]
+
+logger = logging.getLogger(__name__)
 
 Captured = tuple[tuple[Any, ...], dict[str, Any]]
 
 
+#: The loader a converter given neither ``example_inputs`` nor ``example_data_loader`` traces
+#: with: the data loader of the engine whose ``model_convert_pipeline`` runs (see
+#: :func:`stage_examples`).
+_STAGE_LOADER: ContextVar[Any] = ContextVar("hat_ignite_stage_example_loader", default=None)
+
+
+@contextmanager
+def stage_examples(data_loader: Any) -> Iterator[None]:
+    """Let converters run inside this block trace with ``data_loader``'s first batch by default.
+
+    HAT's converters need no example inputs; torch.export does. An engine runs its
+    ``model_convert_pipeline`` inside this block with its own data loader (a ``Predictor`` given
+    several: the first), so a HAT config's converters work as written. Converters given ``example_inputs`` or
+    ``example_data_loader`` use those.
+
+    Example:
+        >>> with stage_examples([torch.zeros(2, 3)]):
+        ...     tuple(example_batch(None, None, "Float2QAT").shape)
+        (2, 3)
+    """
+    token = _STAGE_LOADER.set(data_loader)
+    try:
+        yield
+    finally:
+        _STAGE_LOADER.reset(token)
+
+
 def example_batch(example_inputs: Any, example_data_loader: Any, who: str) -> Any:
-    """The batch to trace with: ``example_inputs``, else the first batch of ``example_data_loader``.
+    """The batch to trace with: ``example_inputs``, else the first batch of ``example_data_loader``,
+    else the first batch of the running engine's data loader (:func:`stage_examples`).
 
     Raises:
-        QuantizationError: neither is given, or the loader yields nothing.
+        QuantizationError: none is given, or the loader yields nothing.
     """
     if example_inputs is not None:
         return example_inputs
     if example_data_loader is None:
-        raise QuantizationError(
-            f"{who}: give example_inputs (a batch as the batch processor passes it to the model) or "
-            f"example_data_loader (its first batch is used); torch.export needs real inputs to trace."
-        )
+        example_data_loader = _STAGE_LOADER.get()
+        if example_data_loader is None:
+            raise QuantizationError(
+                f"{who}: give example_inputs (a batch as the batch processor passes it to the model) or "
+                f"example_data_loader (its first batch is used); torch.export needs real inputs to trace, "
+                f"and this engine has no data_loader to take a batch from."
+            )
+        logger.info("%s: tracing with the first batch of the engine's data_loader (no example_inputs given).", who)
+        with torch.random.fork_rng(devices=[]):  # a shuffling loader draws its order: leave the run's RNG alone
+            return _first_batch(example_data_loader, who)
+    return _first_batch(example_data_loader, who)
+
+
+def _first_batch(example_data_loader: Any, who: str) -> Any:
     if isinstance(example_data_loader, Mapping) and "type" in example_data_loader:
         from hat_ignite.registry import build_from_cfg
 
