@@ -67,14 +67,6 @@ _MODES = ("max", "min")
 _KINDS = ("epoch", "step")
 
 
-def _settle(loop: Any) -> None:
-    """Read the NaN/Inf guard's flags still in flight (``loop.settle_updates()``), so an update the
-    guard skipped raises, naming its step, before a checkpoint holding it is written."""
-    settle = getattr(loop, "settle_updates", None)
-    if settle is not None:
-        settle()
-
-
 class Checkpoint(CallbackMixin):
     """Save checkpoints during training, so training can resume or be evaluated later.
 
@@ -243,7 +235,7 @@ class Checkpoint(CallbackMixin):
     def on_loop_end(self, loop: LoopBase, epoch_id: int, global_step_id: int, **kwargs: Any) -> None:
         if not self.save_on_train_end:
             return
-        _settle(loop)  # every rank: a skipped update raises on all of them
+        loop.settle_updates()  # every rank: a skipped update raises on all of them
         if not self._is_writer() or self._saved_iteration == loop.state.iteration:
             return  # the final save point already wrote this state
         path = atomic_save(with_content_hash(self._training_state(loop, epoch_id, global_step_id)), self.last_path)
@@ -274,7 +266,7 @@ class Checkpoint(CallbackMixin):
         Returns:
             The periodic file's absolute path (``None`` on ranks other than 0).
         """
-        _settle(loop)  # before anything is written: never a checkpoint of a skipped update
+        loop.settle_updates()  # before anything is written: never a checkpoint of a skipped update
         is_best = self._update_best(storage, val_metrics, getattr(loop.state, "metrics", None))
         if is_best:
             self._best_iteration = int(loop.state.iteration)

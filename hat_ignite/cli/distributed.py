@@ -165,8 +165,8 @@ def _worker(device: Any, body: Callable[[list[str]], int], argv: list[str], exit
     """Run the command as one process of a DDP job (module level: the spawn method pickles it).
 
     A failure is reported here, as one paragraph (``hat-train (rank N): error: ...`` when there
-    are several processes), and ``fail_box`` is set, so the launching process ends with exit code
-    1 without printing the spawn machinery's tracebacks.
+    are several processes), ``fail_box`` is set, and the process exits with code 1, so the
+    launching process ends with exit code 1 without printing the spawn machinery's tracebacks.
     """
     _Worker.launched, _Worker.device = True, device
     _Worker.exit_box, _Worker.stop_box = exit_box, stop_box
@@ -180,14 +180,11 @@ def _worker(device: Any, body: Callable[[list[str]], int], argv: list[str], exit
         if code and code not in _STOP_EXITS:
             raise CliError(f"rank {idist.get_rank()} exited with code {code}")
     except Exception as exc:
-        prog = f"hat-train (rank {idist.get_rank()})" if several else "hat-train"
-        if fail_box is None:  # a caller that reports failures itself
-            if several:  # say which rank failed: only rank 0 logs
-                report_failure(prog, exc, debug=False)
-            raise
+        prog = f"hat-train (rank {idist.get_rank()})" if several else "hat-train"  # which rank failed
         report_failure(prog, exc, debug="--debug" in argv)
-        with fail_box.get_lock():
-            fail_box.value = 1
+        if fail_box is not None:
+            with fail_box.get_lock():
+                fail_box.value = 1
         raise SystemExit(1) from None  # the launcher sees exit code 1, with nothing more to print
     finally:
         release_held_locks()  # rank 0 held the work dir's lock for the job

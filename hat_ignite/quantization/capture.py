@@ -41,8 +41,8 @@ def stage_examples(data_loader: Any) -> Iterator[None]:
 
     HAT's converters need no example inputs; torch.export does. An engine runs its
     ``model_convert_pipeline`` inside this block with its own data loader (a ``Predictor`` given
-    several: the first), so a HAT config's converters work as written. Converters given ``example_inputs`` or
-    ``example_data_loader`` use those.
+    several: the first), so a HAT config's converters work as written. Converters given
+    ``example_inputs`` or ``example_data_loader`` use those.
 
     Example:
         >>> with stage_examples([torch.zeros(2, 3)]):
