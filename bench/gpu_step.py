@@ -207,6 +207,19 @@ def run_trainer(args: argparse.Namespace, clock: Clock) -> None:
         trainer.fit()
 
 
+class _Stream:
+    """An iterable of batches that is not a list: Lightning takes a list for several loaders."""
+
+    def __init__(self, items: list) -> None:
+        self.items = items
+
+    def __iter__(self) -> Any:
+        return iter(self.items)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
 def run_lightning(args: argparse.Namespace, clock: Clock) -> None:
     import pytorch_lightning as pl
 
@@ -235,7 +248,7 @@ def run_lightning(args: argparse.Namespace, clock: Clock) -> None:
         max_epochs=1, accelerator="gpu" if device.type == "cuda" else "cpu", devices=[device.index or 0]
         if device.type == "cuda" else 1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
         enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
-    ).fit(Module(), train_dataloaders=_batches(batches, clock.total))
+    ).fit(Module(), train_dataloaders=_Stream(_batches(batches, clock.total)))
 
 
 VARIANTS: dict[str, tuple[str, Callable[[argparse.Namespace, Clock], None]]] = {
