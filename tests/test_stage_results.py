@@ -187,6 +187,11 @@ def test_hat_curves_draws_one_stage_of_a_shared_folder(stages, tmp_path):
     proc = run_tool("hat-curves", board, "--stage", "calibration", "--out", out, cwd=tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.startswith(f"{out} (accuracy; from {board})") and out.stat().st_size > 5_000
+    # without --stage, the folder's latest stage alone (calibration: no loss or lr panels), not a splice
+    proc = run_tool("hat-curves", board, "--out", tmp_path / "latest.png", cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.startswith(f"{tmp_path / 'latest.png'} (accuracy; from {board})")
+    assert "drawing the latest, 'calibration' (choose one with --stage)" in proc.stderr
 
 
 def test_overwrite_and_a_resume_purge_touch_only_their_own_stage(tmp_path):

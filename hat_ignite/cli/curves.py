@@ -2,7 +2,9 @@
 
 Reads the TensorBoard event files under ``WORK_DIR`` (the ones the ``TensorBoard`` callback
 wrote; the most recently written directory when there are several) and draws the loss,
-learning rate and metrics into ``WORK_DIR/training_curves.png``. With ``--stage``, only the
+learning rate and metrics into ``WORK_DIR/training_curves.png`` (when the files are of several
+``hat-train`` stages, those of the latest stage, into ``WORK_DIR/STAGE_training_curves.png``).
+With ``--stage``, only the
 files that ``hat-train`` stage wrote are read, into ``WORK_DIR/STAGE_training_curves.png``: the
 picture ``hat-train`` leaves at the end of each stage, which stays that stage's own when several
 stages write into one TensorBoard directory. See :mod:`hat_ignite.visualize.curves` for the panels.
@@ -110,7 +112,8 @@ def _curves(argv: Sequence[str]) -> int:
     parser.add_argument("--out", help="PNG to write (default: WORK_DIR/training_curves.png, or "
                                       "WORK_DIR/STAGE_training_curves.png with --stage)")
     parser.add_argument("--stage", "-s", help="draw only the event files this hat-train stage wrote (stages may "
-                                              "share a TensorBoard directory); default: all")
+                                              "share a TensorBoard directory); default: all, or the latest stage's "
+                                              "when the files are of several stages")
     parser.add_argument("--debug", action="store_true", help="show tracebacks and debug log lines")
     args = parser.parse_args(argv)
     setup_logging(args.debug)

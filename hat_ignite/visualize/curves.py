@@ -26,7 +26,14 @@ import math
 import os
 from typing import Any, NamedTuple, Union
 
-from hat_ignite.visualize.event_file import Scalars, event_files, find_event_dirs, read_scalars, stage_suffix
+from hat_ignite.visualize.event_file import (
+    Scalars,
+    event_files,
+    file_stage,
+    find_event_dirs,
+    read_scalars,
+    stage_suffix,
+)
 
 __all__ = ["CURVES_FILE", "Panel", "Curves", "curves_file", "panels_of", "plot_scalars", "draw_training_curves"]
 
@@ -181,6 +188,18 @@ def _event_source(source: str, stage: str | None = None) -> str:
     return dirs[-1]
 
 
+def _latest_stage(directory: str) -> str | None:
+    """The stage of the newest event file in ``directory`` when it holds the files of several
+    ``hat-train`` stages (each stage's history is drawn alone), else ``None`` (all files)."""
+    stages = [file_stage(f) for f in event_files(directory)]
+    named = [s for s in stages if s is not None]
+    if len(set(named)) < 2:
+        return None
+    logger.info("%s holds the event files of stages %s; drawing the latest, %r (choose one with --stage)",
+                directory, ", ".join(sorted(set(named))), named[-1])
+    return named[-1]
+
+
 def draw_training_curves(
     source: PathLike, out: PathLike | None = None, title: str | None = None, stage: str | None = None,
 ) -> Curves:
@@ -195,7 +214,8 @@ def draw_training_curves(
             (the run's work dir), and the stage.
         stage: draw only the event files of this ``hat-train`` stage (stages may share a
             TensorBoard directory, see :func:`~hat_ignite.visualize.event_file.stage_suffix`);
-            ``None``: all of them.
+            ``None``: all of them, or, when they belong to several stages, those of the stage
+            written last.
 
     Returns:
         The PNG's path, the panels drawn and the event source read.
@@ -206,6 +226,8 @@ def draw_training_curves(
     """
     source = os.path.abspath(os.fspath(source))
     events = _event_source(source, stage)
+    if stage is None and os.path.isdir(events):
+        stage = _latest_stage(events)
     if out is None:
         out = os.path.join(source if os.path.isdir(source) else os.path.dirname(source), curves_file(stage))
     scalars = read_scalars(events, stage)

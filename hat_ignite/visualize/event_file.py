@@ -33,7 +33,8 @@ import struct
 from typing import Any, Iterator, Union
 
 __all__ = [
-    "EVENT_FILE_GLOB", "Scalars", "find_event_dirs", "event_files", "iter_events", "read_scalars", "stage_suffix",
+    "EVENT_FILE_GLOB", "Scalars", "file_stage", "find_event_dirs", "event_files", "iter_events", "read_scalars",
+    "stage_suffix",
 ]
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -68,6 +69,19 @@ def stage_suffix(stage: str | None) -> str:
     if not stage:
         return ""
     return ".stage-" + "".join(c if c.isalnum() or c in "-_" else "_" for c in str(stage))
+
+
+def file_stage(path: PathLike) -> str | None:
+    """The stage an event file was written for (see :func:`stage_suffix`), or ``None``.
+
+    >>> file_stage("tb/events.out.tfevents.1700000000.host.17000000001.stage-qat")
+    'qat'
+    >>> file_stage("tb/events.out.tfevents.1700000000.host") is None
+    True
+    """
+    name = os.path.basename(os.fspath(path))
+    head, sep, stage = name.rpartition(".stage-")
+    return stage if sep and head.startswith("events.out.tfevents.") and stage else None
 
 
 def event_files(directory: PathLike, stage: str | None = None) -> list[str]:
