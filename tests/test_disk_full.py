@@ -156,7 +156,7 @@ def test_each_writer_of_a_run_names_its_file_through_hat_train(limited_config, t
     _no_storm(done.stderr)
     expected = {
         "config": f"cannot write the resolved config {work_dir / 'float_train_config.py'}: File too large",
-        "curves": f"cannot write the training curves {work_dir / 'training_curves.png'}: File too large",
+        "curves": f"cannot write the training curves {work_dir / 'float_training_curves.png'}: File too large",
         "lineage": f"cannot write {work_dir / 'lineage.json'}: Is a directory",
     }[which]
     assert "hat-train: error: " in done.stderr and expected in done.stderr, done.stderr[-2000:]
@@ -186,7 +186,7 @@ END_WRITERS = textwrap.dedent('''
         elif which == "config":
             dump_config(cfg, os.path.join(work, "float_train_config.py"))
         else:
-            write_run_curves(trainer, work)
+            write_run_curves(trainer, work, "float")
     except CliError as exc:
         print(exc)
         sys.exit(1)
@@ -194,7 +194,7 @@ END_WRITERS = textwrap.dedent('''
 
 
 @pytest.mark.parametrize("which, name", [("lineage", "lineage.json"), ("config", "float_train_config.py"),
-                                         ("curves", "training_curves.png")])
+                                         ("curves", "float_training_curves.png")])
 def test_each_end_of_run_writer_names_its_file_and_leaves_no_temp_file(tmp_path, which, name):
     work_dir = tmp_path / "wd"
     done = _train(DIGITS, work_dir, {})  # a complete run, to write over

@@ -218,6 +218,16 @@ class MetricUpdater(CallbackMixin):
         stored = storage.get(self.storage_key)
         storage[self.storage_key] = {**(stored if isinstance(stored, dict) else {}), **dict(pairs)}
 
+    @property
+    def final_values(self) -> dict[str, Any] | None:
+        """The values the latest run ended with (what its loop end stored), by metric name;
+        ``None`` before a run, or when the run never updated nor logged its metrics.
+
+        These are the metrics this updater really used (its own ``metrics=[...]``, or the loop's),
+        so ``hat-train`` reports them in ``metrics.json``.
+        """
+        return dict(self._last_pairs) if self._last_pairs is not None else None
+
     def overridden_hooks(self) -> list[str]:
         """The hooks to attach: the per-step/per-epoch reset hooks only for their reset mode, and
         ``on_step_end`` only when steps are logged or stored."""
