@@ -44,7 +44,11 @@ _CALLBACK_MODULES: dict[str, dict[str, str]] = {
         "LoadCheckpoint": "hat_ignite.callbacks.checkpoint_state:LoadCheckpoint",
     },
     "hat.callbacks.lr_updater": _LR_UPDATERS,
-    "hat.callbacks.metric_updater": {"MetricUpdater": "hat_ignite.callbacks.metric_updater:MetricUpdater"},
+    "hat.callbacks.metric_updater": {
+        "MetricUpdater": "hat_ignite.callbacks.metric_updater:MetricUpdater",
+        "update_metric_using_regex": "hat_ignite.callbacks.metric_update_funcs:update_metric_using_regex",
+        "update_metric_using_index": "hat_ignite.callbacks.metric_update_funcs:update_metric_using_index",
+    },
     "hat.callbacks.monitor": {"StatsMonitor": "hat_ignite.callbacks.stats_monitor:StatsMonitor"},
     "hat.callbacks.validation": {"Validation": "hat_ignite.callbacks.validation:Validation"},
     "hat.callbacks.mean_teacher": {"MeanTeacherValidation": "hat_ignite.callbacks.validation:MeanTeacherValidation"},
@@ -78,6 +82,7 @@ _CONVERTERS = {
         for name in ("Float2Calibration", "Float2QAT", "Calibration2QAT", "QAT2Quantize", "Calibration2Quantize")
     },
 }
+_MULTITASK_LOADER = "hat_ignite.data.multitask:MultitaskLoader"
 _REGISTRY = {
     "Registry": "hat_ignite.registry:Registry",
     "OBJECT_REGISTRY": "hat_ignite.registry:OBJECT_REGISTRY",
@@ -109,6 +114,9 @@ HAT_MODULES: dict[str, dict[str, str]] = {
     "hat.metrics.mean_iou": {"MeanIOU": _METRICS["MeanIOU"]},
     "hat.core": {},
     "hat.core.task_sampler": {"TaskSampler": "hat_ignite.engine.task_sampler:TaskSampler"},
+    "hat.data": {},
+    "hat.data.dataloaders": {"MultitaskLoader": _MULTITASK_LOADER},
+    "hat.data.dataloaders.multitask_loader": {"MultitaskLoader": _MULTITASK_LOADER},
     "hat.models": {},
     "hat.models.model_convert": _CONVERTERS,
     "hat.models.model_convert.converters": {k: v for k, v in _CONVERTERS.items() if k != "ModelConvertPipeline"},
@@ -124,6 +132,7 @@ HAT_MODULES: dict[str, dict[str, str]] = {
     "hat.utils.apply_func": {
         "_as_list": "hat_ignite.hat_compat:as_list",
         "apply_to_collection": "hat_ignite.hat_compat:apply_to_collection",
+        "to_flat_ordered_dict": "hat_ignite.engine.processors.loss_collectors:to_flat_ordered_dict",
         "to_cuda": "hat_ignite.hat_compat:to_cuda",
     },
     "hat.utils.logger": {

@@ -21,6 +21,7 @@ from hat_ignite.callbacks.lr_updater import (
     StepDecayLrUpdater,
 )
 from hat_ignite.callbacks.lr_updater_base import LrUpdaterBase
+from hat_ignite.callbacks.metric_update_funcs import update_metric_using_index, update_metric_using_regex
 from hat_ignite.callbacks.metric_updater import MetricUpdater
 from hat_ignite.callbacks.save_traced import SaveTraced
 from hat_ignite.callbacks.stats_monitor import StatsMonitor
@@ -44,6 +45,8 @@ __all__ = [
     "PolyLrUpdater",
     "StepDecayLrUpdater",
     "MetricUpdater",
+    "update_metric_using_index",
+    "update_metric_using_regex",
     "StatsMonitor",
     "Validation",
     "MeanTeacherValidation",
