@@ -22,6 +22,12 @@ from hat_ignite.callbacks.lr_updater import (
 )
 from hat_ignite.callbacks.lr_updater_base import LrUpdaterBase
 from hat_ignite.callbacks.metric_updater import MetricUpdater
+from hat_ignite.callbacks.param_updater import (
+    CosOptimParamUpdater,
+    CyclicOptimParamUpdater,
+    OptimParamUpdaterBase,
+    StepDecayOptimParamUpdater,
+)
 from hat_ignite.callbacks.save_traced import SaveTraced
 from hat_ignite.callbacks.stats_monitor import StatsMonitor
 from hat_ignite.callbacks.tensorboard import TensorBoard
@@ -43,6 +49,10 @@ __all__ = [
     "OneCycleUpdater",
     "PolyLrUpdater",
     "StepDecayLrUpdater",
+    "OptimParamUpdaterBase",
+    "StepDecayOptimParamUpdater",
+    "CosOptimParamUpdater",
+    "CyclicOptimParamUpdater",
     "MetricUpdater",
     "StatsMonitor",
     "Validation",
