@@ -46,6 +46,8 @@ BUILTIN_OBJECTS: dict[str, str] = {
     "GradScale": "hat_ignite.callbacks.grad_scale:GradScale",
     "TensorBoard": "hat_ignite.callbacks.tensorboard:TensorBoard",
     "SaveTraced": "hat_ignite.callbacks.save_traced:SaveTraced",
+    "MeanTeacher": "hat_ignite.callbacks.mean_teacher:MeanTeacher",
+    "DumpData": "hat_ignite.callbacks.dump_data:DumpData",
     # metrics
     "Accuracy": "hat_ignite.metrics.classification:Accuracy",
     "TopKAccuracy": "hat_ignite.metrics.classification:TopKAccuracy",

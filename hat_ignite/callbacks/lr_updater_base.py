@@ -258,7 +258,10 @@ class LrUpdaterBase(CallbackMixin):
         (the first element of a tuple such as ``betas``) the first time."""
         value = group[self.param_name]
         first = value[0] if isinstance(value, (list, tuple)) else value
-        return float(group.setdefault(f"initial_{self.param_name}", first))
+        key = f"initial_{self.param_name}"
+        if key not in group:
+            group[key] = first
+        return float(group[key])
 
     def set_value(self, group: dict[str, Any], value: float) -> None:
         """Set the group's ``param_name`` entry (of a tuple, the first element) to ``value``."""

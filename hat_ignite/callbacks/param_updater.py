@@ -94,7 +94,7 @@ class OptimParamUpdaterBase(LrUpdaterBase):
         return self.get_warmup_param(warmup_end_lr, num_update)
 
     def on_loop_begin(self, optimizer: Any = None, data_loader: Any = None, num_epochs: int | None = None,
-                      num_steps: int | None = None, **kwargs: Any) -> None:
+                      num_steps: int | None = None, loop: Any = None, **kwargs: Any) -> None:
         """As the LR updaters' (HAT calls it with only ``optimizer`` and ``data_loader`` at times)."""
         for i, group in enumerate(getattr(optimizer, "param_groups", ())):
             if self.param_name not in group:
@@ -104,7 +104,7 @@ class OptimParamUpdaterBase(LrUpdaterBase):
                     f"{type(optimizer).__name__} has no {self.param_name!r}; its entries are {entries}."
                 )
         super().on_loop_begin(optimizer=optimizer, data_loader=data_loader, num_epochs=num_epochs,
-                              num_steps=num_steps, loop=kwargs.pop("loop", None), **kwargs)
+                              num_steps=num_steps, loop=loop, **kwargs)
 
     @property
     def _per_group_init_param(self) -> list[float] | None:
