@@ -61,6 +61,7 @@ BUILTIN_OBJECTS: dict[str, str] = {
     "TorchProfiler": "hat_ignite.profiler.torch_profiler:TorchProfiler",
     # model converters
     "Torch2Compile": "hat_ignite.engine.compile:Torch2Compile",
+    "TorchCompile": "hat_ignite.engine.compile:TorchCompile",  # HAT's torchdynamo-era converter
     # quantization (torchao PT2E)
     "Calibrator": "hat_ignite.engine.calibrator:Calibrator",
     "ModelConvertPipeline": "hat_ignite.quantization.pipeline:ModelConvertPipeline",
@@ -101,4 +102,10 @@ NOT_PROVIDED: dict[str, str] = {
     "AIDIExperimentManager": "AIDI experiment tracking (Horizon's platform) is not supported; drop this "
     "callback (HAT configs add it when enable_model_tracking is True: set that to False in the config file, "
     "since --opts cannot change a value the config already used)",
+    "MultiStageBatchProcessor": "it runs each task's head on its own through HAT's graph models "
+    "(MultitaskGraphModel.split_module, part of HAT's model zoo), to save memory; use 'MultiBatchProcessor', "
+    "which gives the same gradients for the same batches without that memory saving",
+    "Inference": "HAT's Inference runner serves a converted model to one input at a time on Horizon's "
+    "deployment stack (its march setting); use 'Predictor' for batches from a data loader, or call the model "
+    "under torch.no_grad() in a script of your own",
 }
