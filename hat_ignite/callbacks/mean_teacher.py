@@ -33,6 +33,7 @@ Example:
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 from typing import Any
 
@@ -43,6 +44,8 @@ from hat_ignite.callbacks.base import CallbackMixin
 from hat_ignite.callbacks.checkpoint_payload import unwrap_model
 
 __all__ = ["MeanTeacher"]
+
+logger = logging.getLogger(__name__)
 
 _TEACHER, _STUDENT = "teacher", "student"
 
@@ -56,8 +59,8 @@ class MeanTeacher(CallbackMixin):
             ``decay`` after ``decay_base`` steps); positive.
 
     Raises:
-        ValueError: at loop begin, when the model has no ``teacher_*`` tensor or a teacher
-            tensor has no student tensor of the same name and shape.
+        ValueError: at loop begin, when a teacher tensor has no student tensor of the same name
+            and shape. A model without any ``teacher_*`` tensor gets a warning and is left alone.
     """
 
     def __init__(self, decay: float = 0.9999, decay_base: float = 2000) -> None:
@@ -90,11 +93,12 @@ class MeanTeacher(CallbackMixin):
                     f"must be copies of one network."
                 )
             pairs.append((teacher, student))
-        if not pairs:
+        if not pairs:  # HAT leaves such a model alone without a word; say it once
             children = [n for n, _ in model.named_children()]
-            raise ValueError(
-                f"MeanTeacher: the model ({type(model).__name__}) has no tensor under a 'teacher_*' sub-module "
-                f"(its children: {children[:10]}). Name the two copies teacher_<x> and student_<x>."
+            logger.warning(
+                "MeanTeacher: the model (%s) has no tensor under a 'teacher_*' sub-module (its children: %s), "
+                "so there is nothing to average. Name the two copies teacher_<x> and student_<x>.",
+                type(model).__name__, children[:10],
             )
         return pairs
 
