@@ -151,7 +151,9 @@ HAT_MODULES: dict[str, dict[str, str]] = {
         "init_logger": "hat_ignite.hat_utils:init_logger",
     },
     "hat.utils.seed": {"seed_everything": "hat_ignite.hat_utils:seed_everything"},
-    "hat.utils.model_helpers": {"get_binding_module": "hat_ignite.hat_utils:get_binding_module"},
+    "hat.utils.model_helpers": {
+        name: f"hat_ignite.hat_utils:{name}" for name in ("get_binding_module", "has_normalization")
+    },
     "hat.utils.hash": {"get_hash_file_if_hashed_and_local": "hat_ignite.hat_utils:get_hash_file_if_hashed_and_local"},
     "hat.utils.package_helper": {"check_packages_available": "hat_ignite.hat_utils:check_packages_available"},
 }

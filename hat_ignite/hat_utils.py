@@ -2,7 +2,8 @@
 
 Served through the ``hat`` import alias (:mod:`hat_ignite.hat_alias`) as
 ``hat.utils.seed.seed_everything``, ``hat.utils.logger.init_logger``,
-``hat.utils.apply_func.flatten`` / ``regroup``, ``hat.utils.model_helpers.get_binding_module``,
+``hat.utils.apply_func.flatten`` / ``regroup``, ``hat.utils.model_helpers.get_binding_module`` /
+``has_normalization``,
 ``hat.utils.hash.get_hash_file_if_hashed_and_local`` and
 ``hat.utils.package_helper.check_packages_available``. Nothing here runs on import or on the
 engine's per-step path.
@@ -23,7 +24,7 @@ import warnings
 from typing import Any, Callable
 
 __all__ = [
-    "seed_everything", "init_logger", "flatten", "regroup", "get_binding_module",
+    "seed_everything", "init_logger", "flatten", "regroup", "get_binding_module", "has_normalization",
     "get_hash_file_if_hashed_and_local", "check_packages_available",
 ]
 
@@ -182,6 +183,25 @@ def get_binding_module(model: Any) -> Any:
     if isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
         return model.module
     return model
+
+
+def has_normalization(model: Any, check_list: Any = None) -> bool:
+    """Whether ``model`` (unwrapped from DP/DDP) holds a normalization layer of a kind in ``check_list``.
+
+    ``"bn"`` is any BatchNorm layer, ``"gn"`` any GroupNorm layer.
+
+    >>> import torch
+    >>> net = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 1), torch.nn.BatchNorm2d(2))
+    >>> has_normalization(net, ["bn"]), has_normalization(net, ["gn"])
+    (True, False)
+    """
+    from torch import nn
+    from torch.nn.modules.batchnorm import _BatchNorm
+
+    if not check_list:
+        raise ValueError("has_normalization(model, check_list): name the kinds to look for, e.g. ['bn'] or ['gn'].")
+    kinds = tuple(k for name, k in (("bn", _BatchNorm), ("gn", nn.GroupNorm)) if name in check_list)
+    return any(isinstance(m, kinds) for m in get_binding_module(model).modules()) if kinds else False
 
 
 # -- hashed file names ---------------------------------------------------------------------------

@@ -231,3 +231,46 @@ def test_init_logger_writes_hats_file_and_line(hat_alias, tmp_path):
         for handler in list(log.handlers):
             log.removeHandler(handler)
             handler.close()
+
+
+class _Tasks(nn.Module):
+    """A backbone and two task heads, each with a BatchNorm (the layout of HAT's toy graph model)."""
+
+    def __init__(self):
+        super().__init__()
+        self.backbone = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU())
+        self.task1 = nn.Sequential(nn.Conv2d(4, 2, 1), nn.BatchNorm2d(2))
+        self.task2 = nn.Sequential(nn.Conv2d(4, 2, 1), nn.BatchNorm2d(2))
+
+
+@pytest.mark.parametrize("update_by, points, nodes", [
+    ("step", [1, 2], [["backbone"], ["task1"]]),
+    ("epoch", [2], [["backbone", "task1", "task2"]]),
+])
+def test_online_model_tricks_run_with_hats_hook_keywords(hat_alias, update_by, points, nodes):
+    """HAT's test_online_model_trick drives the callbacks by hand with only ``model=`` (no loop)."""
+    from hat.callbacks.online_model_trick import FreezeModule, FuseBN
+    from hat.utils.model_helpers import has_normalization
+
+    model = nn.DataParallel(_Tasks())
+    freeze = FreezeModule(nodes, points, update_by)
+    model.train()
+    for i in range(max(points) + 1):
+        freeze.on_loop_begin(model=model)
+        freeze.on_epoch_begin(epoch_id=i, model=model)
+        freeze.on_step_begin(step_id=i, global_step_id=i, model=model)
+        for at, names in zip(points, nodes):
+            for name in names:
+                sub = getattr(model.module, name)
+                assert sub.training is (i < at)
+                assert all(p.requires_grad is (i < at) for p in sub.parameters())
+
+    model = nn.DataParallel(_Tasks()).train()
+    fuse = FuseBN(nodes, points, update_by, inplace=True)
+    for i in range(max(points) + 1):
+        fuse.on_loop_begin(model=model)
+        fuse.on_epoch_begin(epoch_id=i, model=model)
+        fuse.on_step_begin(step_id=i, global_step_id=i, model=model)
+        for at, names in zip(points, nodes):
+            for name in names:
+                assert has_normalization(getattr(model.module, name), check_list=["bn"]) is (i < at)
