@@ -93,15 +93,17 @@ class FreezeModule(ModuleScheduleBase):
             p.requires_grad_(False)
             p.grad = None  # what was accumulated for the running update is not applied
 
-    def apply(self, loop: LoopBase, names: list[str]) -> None:
+    def apply(self, model: nn.Module, names: list[str], loop: LoopBase | None = None) -> None:
         for name in names:
-            self.process(loop.model, name)
+            self.process(model, name)
 
-    def on_epoch_begin(self, loop: LoopBase, epoch_id: int, **kwargs: Any) -> None:
+    def on_epoch_begin(self, epoch_id: int, model: nn.Module | None = None, loop: LoopBase | None = None,
+                       **kwargs: Any) -> None:
+        model = self._model(model, loop)
         for entry, done in zip(self.modules, self.done):  # keep earlier freezes in place
             if done:
-                self.apply(loop, entry)
-        super().on_epoch_begin(loop=loop, epoch_id=epoch_id, **kwargs)
+                self.apply(model, entry, loop)
+        super().on_epoch_begin(epoch_id=epoch_id, model=model, loop=loop, **kwargs)
 
     def __repr__(self) -> str:
         return f"{super().__repr__()[:-1]}, only_batchnorm={self.only_batchnorm})"
