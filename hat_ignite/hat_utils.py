@@ -23,6 +23,8 @@ import sys
 import warnings
 from typing import Any, Callable
 
+from hat_ignite.regular_files import open_regular
+
 __all__ = [
     "seed_everything", "init_logger", "flatten", "regroup", "get_binding_module", "has_normalization",
     "get_hash_file_if_hashed_and_local", "check_packages_available",
@@ -211,7 +213,7 @@ _EXTENSION = re.compile(r"(\.[^./]+)*$")
 
 def _sha256(path: str) -> str:
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open_regular(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()

@@ -19,6 +19,7 @@ from torch import nn
 from hat_ignite.errors import CheckpointError
 from hat_ignite.quantization.capture import export_module, model_args
 from hat_ignite.quantization.torchao_import import import_torchao
+from hat_ignite.regular_files import open_regular
 
 __all__ = ["save_quantized_model", "load_quantized_model", "file_sha256", "tensor_bytes"]
 
@@ -35,7 +36,7 @@ def file_sha256(path: PathLike) -> str:
     'ba7816bf8f01cfea'
     """
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open_regular(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()

@@ -32,6 +32,8 @@ import os
 import struct
 from typing import Any, Iterator, Union
 
+from hat_ignite.regular_files import open_regular
+
 __all__ = [
     "EVENT_FILE_GLOB", "Scalars", "file_stage", "find_event_dirs", "event_files", "iter_events", "read_scalars",
     "stage_suffix",
@@ -119,7 +121,7 @@ def iter_events(path: PathLike) -> Iterator[Any]:
     from tensorboardX.proto.event_pb2 import Event
 
     path = os.fspath(path)
-    with open(path, "rb") as f:
+    with open_regular(path, "rb") as f:
         data = f.read()
     offset = 0
     while offset + _HEADER.size <= len(data):
