@@ -360,6 +360,21 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
         )
 
     # -- running ---------------------------------------------------------------------------
+    def _position(self, iteration: int, length: int, limit: dict[str, Any]) -> None:
+        """Set Ignite's counters to ``iteration`` (a resume point or ``start_epoch``/``start_step``).
+
+        Ignite's ``load_state_dict`` also asks for every ``state_dict_user_keys`` entry; this is
+        no load of a user's state (those attributes stay on ``state`` as they are), so the keys
+        are set aside for the call.
+        """
+        user_keys = self.state_dict_user_keys
+        kept = list(user_keys)
+        user_keys.clear()
+        try:
+            Engine.load_state_dict(self, {"iteration": iteration, "epoch_length": length, **limit})
+        finally:
+            user_keys.extend(kept)
+
     def _nothing_to_run(self, start_epoch: int | None = None, start_step: int | None = None) -> bool:
         start_epoch = self.start_epoch if start_epoch is None else start_epoch
         start_step = self.start_step if start_step is None else start_step
@@ -430,7 +445,7 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
                     f"{length} steps per epoch, step {start_step} is in epoch "
                     f"{start_step // length}. Give one of them, or both consistent."
                 )
-            Engine.load_state_dict(self, {"iteration": iteration, "epoch_length": length, **limit})
+            self._position(iteration, length, limit)
             self.run(self._make_data(length, iteration))
         else:
             try:
