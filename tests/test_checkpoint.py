@@ -145,6 +145,20 @@ def test_best_follows_the_metric_in_storage(tmp_path, mode, best_epoch, nested):
     assert all(torch.equal(same["state_dict"][k], v) for k, v in best["state_dict"].items())
 
 
+def test_a_misspelt_monitored_key_says_did_you_mean_and_fails_at_the_end(tmp_path, caplog):
+    ckpt = Checkpoint(tmp_path, mode="max", monitor_metric_key="acuracy")
+    with caplog.at_level("WARNING", logger="hat_ignite.callbacks.checkpoint"):
+        with pytest.raises(ValueError) as info:
+            make_trainer([FeedMetric("accuracy", [0.5, 0.7, 0.6], True), ckpt], num_epochs=3).fit()
+    warned = [r.getMessage() for r in caplog.records if "monitored metric" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].endswith("Did you mean 'accuracy'?")  # at the first result
+    assert str(info.value).startswith("Checkpoint(monitor_metric_key='acuracy'): no result of this run had "
+                                      "that key, so no best checkpoint was written. Did you mean 'accuracy'?")
+    assert os.path.exists(ckpt.last_path) and not os.path.exists(ckpt.best_path)  # the last state is kept
+    quiet = Checkpoint(tmp_path / "quiet", mode="max", monitor_metric_key="accuracy")
+    make_trainer([quiet], num_epochs=1).fit()  # no result at all yet (no validation ran): no error
+
+
 class RunningAccuracy:
     """A metric object in HAT's shape: get() returns (names, values)."""
 
