@@ -57,6 +57,13 @@ def tensor_bytes(model: nn.Module) -> int:
     return sum(seen.values())
 
 
+def _umask() -> int:
+    """The process's file-creation mask (read by setting it and putting it back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def save_quantized_model(model: nn.Module, path: PathLike, example_inputs: Any) -> str:
     """Export ``model`` in eval mode on ``example_inputs`` and save the program to ``path``.
 
@@ -86,6 +93,7 @@ def save_quantized_model(model: nn.Module, path: PathLike, example_inputs: Any) 
 
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp.pt2", dir=directory)
     os.close(fd)
+    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it private; the model file is like the others
     try:
         torch.export.save(program, tmp)
         with open(tmp, "rb+") as f:
