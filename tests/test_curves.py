@@ -61,6 +61,17 @@ def test_hat_curves_redraws_the_png_from_the_work_dir(run, tmp_path):
     assert _png_image(out).shape == _png_image(work_dir / curves_file("float")).shape
 
 
+def test_the_title_names_the_run_wherever_the_png_goes(run, tmp_path):
+    from hat_ignite.visualize.curves import draw_training_curves
+
+    work_dir, _ = run
+    elsewhere = tmp_path / "plots"
+    elsewhere.mkdir()
+    for source in (work_dir, work_dir / "tensorboard"):
+        drawn = draw_training_curves(source, elsewhere / "x.png", stage="float")
+        assert drawn.title == f"{work_dir.name}: float"  # not "plots", the PNG's folder
+
+
 def test_the_panels_hold_one_line_per_series(run, tmp_path):
     work_dir, _ = run
     scalars = read_scalars(work_dir / "tensorboard")

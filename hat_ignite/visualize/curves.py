@@ -62,11 +62,12 @@ class Panel(NamedTuple):
 
 
 class Curves(NamedTuple):
-    """What :func:`draw_training_curves` drew: the PNG's path, the panels and the source."""
+    """What :func:`draw_training_curves` drew: the PNG's path, the panels, the source and the title."""
 
     path: str
     panels: list[Panel]
     source: str
+    title: str = ""
 
 
 def panels_of(tags: Any) -> list[Panel]:
@@ -210,8 +211,8 @@ def draw_training_curves(
             them is used), a TensorBoard ``save_dir``, or one event file.
         out: the PNG to write; default ``<source>/training_curves.png`` (for a file source, next
             to the file; ``<stage>_training_curves.png`` with ``stage``).
-        title: the figure's title; default the name of the directory the PNG is written to
-            (the run's work dir), and the stage.
+        title: the figure's title; default the run's name (:func:`run_name` of ``source``,
+            wherever ``out`` is), and the stage.
         stage: draw only the event files of this ``hat-train`` stage (stages may share a
             TensorBoard directory, see :func:`~hat_ignite.visualize.event_file.stage_suffix`);
             ``None``: all of them, or, when they belong to several stages, those of the stage
@@ -233,9 +234,25 @@ def draw_training_curves(
     scalars = read_scalars(events, stage)
     try:
         if title is None:
-            title = os.path.basename(os.path.dirname(os.path.abspath(os.fspath(out))))
-            title = f"{title}: {stage}" if stage else title
+            title = f"{run_name(source)}: {stage}" if stage else run_name(source)
         panels = plot_scalars(scalars, out, title=title)
     except ValueError as exc:
         raise ValueError(f"{events}: {exc}") from exc
-    return Curves(os.path.abspath(os.fspath(out)), panels, events)
+    return Curves(os.path.abspath(os.fspath(out)), panels, events, title)
+
+
+def run_name(source: PathLike) -> str:
+    """The run a source of event files belongs to: its work dir's name.
+
+    ``source`` is a work dir, a TensorBoard ``save_dir`` inside one (HAT's ``ckpt_dir/tensorboard``)
+    or an event file; wherever the PNG is written, the title names the run.
+
+    >>> run_name("/runs/digits_mlp"), run_name("/runs/digits_mlp/tensorboard")
+    ('digits_mlp', 'digits_mlp')
+    """
+    folder = os.path.abspath(os.fspath(source))
+    if os.path.isfile(folder) or ".tfevents." in os.path.basename(folder):
+        folder = os.path.dirname(folder)
+    if os.path.basename(folder) in ("tensorboard", "tb", "logs"):
+        folder = os.path.dirname(folder)
+    return os.path.basename(folder)
