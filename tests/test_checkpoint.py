@@ -188,11 +188,16 @@ def test_best_from_a_best_refer_metric_object(tmp_path):
 
 
 # -- crash safety ------------------------------------------------------------------------------
-def test_keep_n_rotation_ignores_and_clears_a_crashed_temp_file(tmp_path):
+def test_keep_n_rotation_ignores_and_clears_a_crashed_temp_file(tmp_path, caplog):
     leftover = tmp_path / ".checkpoint-epoch-0009-deadbeef.pth.tar.0badc0de.tmp"
     leftover.write_bytes(b"half a checkpoint")
     assert list_checkpoints(tmp_path) == []
-    make_trainer([Checkpoint(tmp_path, keep_n=2)], num_epochs=5).fit()
+    with caplog.at_level("INFO", logger="hat_ignite.callbacks.checkpoint"):
+        make_trainer([Checkpoint(tmp_path, keep_n=2)], num_epochs=5).fit()
+    saved = [r.getMessage().split()[2].rstrip(".") for r in caplog.records if r.getMessage().startswith("Saved checkpoint")]
+    removed = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Removed old checkpoint")]
+    # every file a log line named and rotation deleted is named again when it goes
+    assert removed == [f"Removed old checkpoint {path} (keep_n=2)." for path in saved[:3]]
     names = files(tmp_path)
     assert len(names) == 3 and names[2] == "checkpoint-last.pth.tar"
     assert [n[:22] for n in names[:2]] == ["checkpoint-epoch-0003-", "checkpoint-epoch-0004-"]

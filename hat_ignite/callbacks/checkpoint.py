@@ -332,6 +332,7 @@ class Checkpoint(CallbackMixin):
         with ``keep_n``, the oldest files up to this one (newer files of an abandoned run stay)."""
         entries = [(n, p) for k, n, p in scan_checkpoints(self.save_dir, self.name_prefix) if k == kind and n <= number]
         doomed = [p for n, p in entries if n == number and p != keep]
+        same = len(doomed)
         if self.keep_n is not None:
             older = sorted({n for n, _ in entries if n < number})
             dropped = set(older[: max(len(older) - (self.keep_n - 1), 0)])
@@ -345,6 +346,9 @@ class Checkpoint(CallbackMixin):
                 os.remove(p)
             except OSError as exc:
                 logger.warning("Could not remove old checkpoint %s: %s", p, exc)
+            else:
+                why = f"keep_n={self.keep_n}" if p not in doomed[:same] else "superseded by the file of the same number"
+                logger.info("Removed old checkpoint %s (%s).", p, why)
 
     def _keep_reason(self, kind: str, path: str) -> str | None:
         """Why rotation must not delete ``path`` (``None``: it may)."""
