@@ -15,6 +15,7 @@ from conftest import DIGITS_CONFIG, ROOT, run_tool
 
 from hat_ignite.cli import predict as predict_cli
 from hat_ignite.cli import train as train_cli
+from hat_ignite.cli.common import CliError
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +64,24 @@ def test_predict_on_the_saved_checkpoints_reproduces_the_accuracy(trained, capsy
         metrics["float_train"]["val_metrics"]["accuracy"], abs=1e-6
     )
     assert (work_dir / "float_predict.log").is_file() and "float_train" in metrics  # both entries kept
+
+
+def test_predict_loads_a_partial_ckpt_with_the_flags_its_refusal_names(trained, tmp_path, capsys):
+    import torch
+
+    proc, work_dir, cwd = trained
+    assert proc.returncode == 0
+    saved = torch.load(work_dir / "checkpoints" / "float-checkpoint-last.pth.tar", weights_only=True)
+    weights = dict(saved["state_dict"])
+    head = sorted(weights)[-1]
+    partial = tmp_path / "partial.pth.tar"
+    torch.save({"state_dict": {k: v for k, v in weights.items() if k != head}, "extra_thing": 1}, partial)
+    with pytest.raises(CliError) as info:
+        predict_cli._predict([str(DIGITS_CONFIG), "--work-dir", str(work_dir), "--ckpt", str(partial)])
+    assert "1 model key(s) missing from the checkpoint" in str(info.value)
+    assert str(info.value).endswith("From the command line: --ckpt-allow-miss / --ckpt-ignore-extra.")
+    assert predict_cli.main([str(DIGITS_CONFIG), "--work-dir", str(work_dir), "--ckpt", str(partial),
+                             "--ckpt-allow-miss"]) == 0
 
 
 def test_help_lists_the_stages_of_the_given_config(tmp_path, capsys):

@@ -39,6 +39,7 @@ from hat_ignite.cli.common import (
 from hat_ignite.cli.distributed import device_ids_of, parse_device_ids
 from hat_ignite.cli.stages import check_stage_inputs, record_lineage, save_stage_model
 from hat_ignite.config import Config
+from hat_ignite.errors import CheckpointError
 
 __all__ = ["main"]
 
@@ -64,6 +65,10 @@ def _set_device(cfg: Config, stage_key: str, given: list[int] | None) -> None:
 def _predict(argv: Sequence[str]) -> int:
     parser = make_parser("hat-predict", DESCRIPTION, argv)
     parser.add_argument("--ckpt", help="checkpoint to load (default: the config's {stage}_checkpoint)")
+    parser.add_argument("--ckpt-allow-miss", action="store_true",
+                        help="load a --ckpt that lacks some of the model's entries (they keep their values)")
+    parser.add_argument("--ckpt-ignore-extra", action="store_true",
+                        help="load a --ckpt that has entries the model does not have (they are ignored)")
     parser.add_argument("--dry-run", action="store_true", help="build everything, describe the predictor, and exit")
     parser.add_argument(
         "--device-ids", "-ids", type=parse_device_ids,
@@ -92,7 +97,13 @@ def _predict(argv: Sequence[str]) -> int:
         if ckpt is not None:
             from hat_ignite.callbacks.checkpoint_state import LoadCheckpoint
 
-            LoadCheckpoint(ckpt)(predictor.model)
+            try:
+                LoadCheckpoint(ckpt, allow_miss=args.ckpt_allow_miss, ignore_extra=args.ckpt_ignore_extra)(
+                    predictor.model)
+            except CheckpointError as exc:
+                if "does not fit" not in str(exc):
+                    raise
+                raise CliError(f"{exc} From the command line: --ckpt-allow-miss / --ckpt-ignore-extra.") from exc
         elif not inputs:  # a model_convert_pipeline that loads checkpoints needs no --ckpt
             logger.warning(
                 "no checkpoint (no --ckpt, no %s_checkpoint in the config): predicting with the "
