@@ -51,6 +51,8 @@ class MultiBatchProcessor(BatchProcessorMixin):
         clip_grad_value: see :class:`BasicBatchProcessor`.
     """
 
+    splits_tuple_batches = True
+
     def __init__(
         self,
         need_grad_update: bool,
