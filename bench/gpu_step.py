@@ -6,7 +6,8 @@ Run from the repository root on a machine with a GPU::
     .venv/bin/python bench/gpu_step.py --device cpu --quick   # a smoke run on the CPU (tiny sizes)
 
 The model is a ResNet-style conv net (a stem, three stages of two residual blocks, widths
-64/128/256 by default) trained with a fused SGD (momentum 0.9) under bf16 autocast with
+64/128/256 by default) trained with a fused SGD (momentum 0.9; ``--optimizer sgd`` or ``adamw``
+for the plain ones HAT configs use) under bf16 autocast with
 channels_last inputs: at batch 256 of 3x64x64 images the GPU bounds the step, so any host-device
 sync of the engine shows as lost throughput. The batches are made on the device once (no data
 loading in the figures). The variants:
@@ -79,12 +80,20 @@ class ConvNet(nn.Module):
         return {"cls_loss": nn.functional.cross_entropy(logits.float(), label)}, logits
 
 
+#: ``--optimizer`` choices: (label, factory). HAT configs use the plain ones.
+OPTIMIZERS: dict[str, tuple[str, Callable[[Any], torch.optim.Optimizer]]] = {
+    "sgd-fused": ("fused SGD (momentum 0.9)", lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9, fused=True)),
+    "sgd": ("SGD (momentum 0.9, not fused)", lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9)),
+    "adamw": ("AdamW (not fused)", lambda p: torch.optim.AdamW(p, lr=1e-3)),
+}
+
+
 def make_setup(args: argparse.Namespace) -> tuple[nn.Module, torch.optim.Optimizer, list]:
-    """A fresh model and fused optimizer (same seed for every variant) and the device batches."""
+    """A fresh model and optimizer (same seed for every variant) and the device batches."""
     device = torch.device(args.device)
     torch.manual_seed(0)
     model = ConvNet(args.width).to(device).to(memory_format=torch.channels_last)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, fused=True)
+    optimizer = OPTIMIZERS[args.optimizer][1](model.parameters())
     g = torch.Generator().manual_seed(1)
     batches = [
         (torch.randn(args.batch, 3, args.size, args.size, generator=g).to(device).contiguous(
@@ -198,6 +207,19 @@ def run_trainer(args: argparse.Namespace, clock: Clock) -> None:
         trainer.fit()
 
 
+class _Stream:
+    """An iterable of batches that is not a list: Lightning takes a list for several loaders."""
+
+    def __init__(self, items: list) -> None:
+        self.items = items
+
+    def __iter__(self) -> Any:
+        return iter(self.items)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
 def run_lightning(args: argparse.Namespace, clock: Clock) -> None:
     import pytorch_lightning as pl
 
@@ -226,7 +248,7 @@ def run_lightning(args: argparse.Namespace, clock: Clock) -> None:
         max_epochs=1, accelerator="gpu" if device.type == "cuda" else "cpu", devices=[device.index or 0]
         if device.type == "cuda" else 1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
         enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
-    ).fit(Module(), train_dataloaders=_batches(batches, clock.total))
+    ).fit(Module(), train_dataloaders=_Stream(_batches(batches, clock.total)))
 
 
 VARIANTS: dict[str, tuple[str, Callable[[argparse.Namespace, Clock], None]]] = {
@@ -247,6 +269,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=10, help="untimed steps first")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--no-amp", action="store_true", help="fp32 instead of bf16 autocast")
+    parser.add_argument("--optimizer", choices=list(OPTIMIZERS), default="sgd-fused",
+                        help="sgd-fused (default), sgd or adamw (plain, as HAT configs use)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: batch 4 of 3x16x16, width 4, 3 steps, 2 rounds")
     args = parser.parse_args(argv)
     if args.quick:
@@ -264,7 +288,8 @@ def main(argv: list[str] | None = None) -> None:
     names = [n for n in VARIANTS if n != "lightning" or importlib.util.find_spec("pytorch_lightning")]
     device = torch.cuda.get_device_name(torch.device(args.device)) if args.device.startswith("cuda") else "CPU"
     print(f"# gpu_step: {device}, torch {torch.__version__}, batch {args.batch} of 3x{args.size}x{args.size}, "
-          f"width {args.width}, {'fp32' if args.no_amp else 'bf16 autocast'}, channels_last, fused SGD; "
+          f"width {args.width}, {'fp32' if args.no_amp else 'bf16 autocast'}, channels_last, "
+          f"{OPTIMIZERS[args.optimizer][0]}; "
           f"{args.rounds} rounds x {args.steps} steps (+{args.warmup} warm-up)")
     if "lightning" not in names:
         print("# pytorch_lightning is not installed: no Lightning row")

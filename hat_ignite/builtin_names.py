@@ -34,6 +34,9 @@ BUILTIN_OBJECTS: dict[str, str] = {
     "OneCycleUpdater": "hat_ignite.callbacks.lr_updater:OneCycleUpdater",
     "CyclicLrUpdater": "hat_ignite.callbacks.lr_updater:CyclicLrUpdater",
     "NoamLrUpdater": "hat_ignite.callbacks.lr_updater:NoamLrUpdater",
+    "StepDecayOptimParamUpdater": "hat_ignite.callbacks.param_updater:StepDecayOptimParamUpdater",
+    "CosOptimParamUpdater": "hat_ignite.callbacks.param_updater:CosOptimParamUpdater",
+    "CyclicOptimParamUpdater": "hat_ignite.callbacks.param_updater:CyclicOptimParamUpdater",
     "Validation": "hat_ignite.callbacks.validation:Validation",
     "MeanTeacherValidation": "hat_ignite.callbacks.validation:MeanTeacherValidation",
     "ExponentialMovingAverage": "hat_ignite.callbacks.ema:ExponentialMovingAverage",
@@ -43,6 +46,8 @@ BUILTIN_OBJECTS: dict[str, str] = {
     "GradScale": "hat_ignite.callbacks.grad_scale:GradScale",
     "TensorBoard": "hat_ignite.callbacks.tensorboard:TensorBoard",
     "SaveTraced": "hat_ignite.callbacks.save_traced:SaveTraced",
+    "MeanTeacher": "hat_ignite.callbacks.mean_teacher:MeanTeacher",
+    "DumpData": "hat_ignite.callbacks.dump_data:DumpData",
     # metrics
     "Accuracy": "hat_ignite.metrics.classification:Accuracy",
     "TopKAccuracy": "hat_ignite.metrics.classification:TopKAccuracy",
@@ -56,6 +61,7 @@ BUILTIN_OBJECTS: dict[str, str] = {
     "TorchProfiler": "hat_ignite.profiler.torch_profiler:TorchProfiler",
     # model converters
     "Torch2Compile": "hat_ignite.engine.compile:Torch2Compile",
+    "TorchCompile": "hat_ignite.engine.compile:TorchCompile",  # HAT's torchdynamo-era converter
     # quantization (torchao PT2E)
     "Calibrator": "hat_ignite.engine.calibrator:Calibrator",
     "ModelConvertPipeline": "hat_ignite.quantization.pipeline:ModelConvertPipeline",
@@ -96,4 +102,10 @@ NOT_PROVIDED: dict[str, str] = {
     "AIDIExperimentManager": "AIDI experiment tracking (Horizon's platform) is not supported; drop this "
     "callback (HAT configs add it when enable_model_tracking is True: set that to False in the config file, "
     "since --opts cannot change a value the config already used)",
+    "MultiStageBatchProcessor": "it runs each task's head on its own through HAT's graph models "
+    "(MultitaskGraphModel.split_module, part of HAT's model zoo), to save memory; use 'MultiBatchProcessor', "
+    "which gives the same gradients for the same batches without that memory saving",
+    "Inference": "HAT's Inference runner serves a converted model to one input at a time on Horizon's "
+    "deployment stack (its march setting); use 'Predictor' for batches from a data loader, or call the model "
+    "under torch.no_grad() in a script of your own",
 }

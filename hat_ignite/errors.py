@@ -32,7 +32,7 @@ class CallbackSignatureError(HatIgniteError, TypeError):
 
 
 class NonFiniteLossError(HatIgniteError, FloatingPointError):
-    """A loss became NaN or Inf; raised before the optimizer update of that step."""
+    """A loss or gradient became NaN or Inf; raised naming the step, before any checkpoint holds it."""
 
 
 class BatchError(HatIgniteError, RuntimeError):

@@ -53,7 +53,7 @@ import types
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from hat_ignite.hat_alias_names import HAT_MODULES, MODEL_ZOO_PREFIXES
+from hat_ignite.hat_alias_names import HAT_MODULES, HELPER_PREFIXES, MODEL_ZOO_PREFIXES
 
 __all__ = [
     "HatSource", "install_hat_alias", "uninstall_hat_alias", "hat_alias_installed", "serve_as_virtual_hat",
@@ -102,25 +102,46 @@ def _close_module(module_name: str) -> str | None:
     return close[0] if close else None
 
 
+def _served_elsewhere(attr: str) -> list[str]:
+    """The served modules that export ``attr`` (most specific first)."""
+    return sorted((m for m, names in HAT_MODULES.items() if attr in names), key=lambda m: -m.count("."))
+
+
 def _missing_message(module_name: str, attr: str, exports: Mapping[str, str]) -> str:
     full = f"{module_name}.{attr}"
+    from hat_ignite.builtin_names import NOT_PROVIDED  # a plain table: imports nothing
+
+    if attr in NOT_PROVIDED:  # a HAT class left out on purpose: say why, and what to use
+        return f"{full}: {attr} is a HAT class hat-ignite does not provide: {NOT_PROVIDED[attr]}."
+    misspelt = None if exports or module_name in HAT_MODULES else _close_module(module_name)
+    if misspelt is not None:  # hat.engin: a typo of a module that hat-ignite serves
+        return (
+            f"{full}: hat-ignite serves no module {module_name!r}. Did you mean {misspelt!r}? "
+            f"The hat.* modules it serves are listed in docs/hat-migration.md."
+        )
+    elsewhere = _served_elsewhere(attr)
+    if elsewhere:  # served, from another module than this one
+        also = f" (also from {', '.join(elsewhere[1:])})" if len(elsewhere) > 1 else ""
+        return f"{full}: hat-ignite serves {attr} as {elsewhere[0]}.{attr}{also}; import it from there."
+    helper = any(module_name == p or module_name.startswith(p + ".") for p in HELPER_PREFIXES)
     if exports:
         close = difflib.get_close_matches(attr, list(exports), n=3, cutoff=0.6)
         hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
         offered = ", ".join(n for n in exports if not n.startswith("_"))
         head = f"{full}: hat-ignite's {module_name} provides {offered}; not {attr!r}.{hint}"
+    elif helper:
+        head = f"{full}: hat-ignite serves only some of HAT's helpers (the hat.* modules listed in docs/hat-migration.md)."
     else:
-        misspelt = _close_module(module_name)
-        if misspelt is not None:  # hat.engin: a typo of a module that hat-ignite serves
-            return (
-                f"{full}: hat-ignite serves no module {module_name!r}. Did you mean {misspelt!r}? "
-                f"The hat.* modules it serves are listed in docs/hat-migration.md."
-            )
         what = next(
             label for prefix, label in MODEL_ZOO_PREFIXES.items()
             if module_name == prefix or module_name.startswith(prefix + ".")
         )
         head = f"{full}: {what} is not part of hat-ignite (only HAT's engine, callbacks and registry are)."
+    if helper:  # a helper function or data structure, imported in code: nothing to register
+        return (
+            f"{head} Define {attr!r} in a module of your own and import it from there, or install HAT itself: "
+            f"a real `hat` package is used whenever it is importable."
+        )
     return (
         f"{head} Define {attr!r} in a module of your own, register it with "
         f"`from hat.registry import OBJECT_REGISTRY` and `@OBJECT_REGISTRY.register`, import that module "

@@ -10,7 +10,7 @@ Importing this table imports nothing.
 
 from __future__ import annotations
 
-__all__ = ["HAT_MODULES", "MODEL_ZOO_PREFIXES"]
+__all__ = ["HAT_MODULES", "MODEL_ZOO_PREFIXES", "HELPER_PREFIXES"]
 
 _ENGINE = {
     "LoopBase": "hat_ignite.engine.loop:LoopBase",
@@ -44,7 +44,11 @@ _CALLBACK_MODULES: dict[str, dict[str, str]] = {
         "LoadCheckpoint": "hat_ignite.callbacks.checkpoint_state:LoadCheckpoint",
     },
     "hat.callbacks.lr_updater": _LR_UPDATERS,
-    "hat.callbacks.metric_updater": {"MetricUpdater": "hat_ignite.callbacks.metric_updater:MetricUpdater"},
+    "hat.callbacks.metric_updater": {
+        "MetricUpdater": "hat_ignite.callbacks.metric_updater:MetricUpdater",
+        "update_metric_using_regex": "hat_ignite.callbacks.metric_update_funcs:update_metric_using_regex",
+        "update_metric_using_index": "hat_ignite.callbacks.metric_update_funcs:update_metric_using_index",
+    },
     "hat.callbacks.monitor": {"StatsMonitor": "hat_ignite.callbacks.stats_monitor:StatsMonitor"},
     "hat.callbacks.validation": {"Validation": "hat_ignite.callbacks.validation:Validation"},
     "hat.callbacks.mean_teacher": {"MeanTeacherValidation": "hat_ignite.callbacks.validation:MeanTeacherValidation"},
@@ -58,7 +62,22 @@ _CALLBACK_MODULES: dict[str, dict[str, str]] = {
     "hat.callbacks.grad_scale": {"GradScale": "hat_ignite.callbacks.grad_scale:GradScale"},
     "hat.callbacks.tensorboard": {"TensorBoard": "hat_ignite.callbacks.tensorboard:TensorBoard"},
     "hat.callbacks.save_traced": {"SaveTraced": "hat_ignite.callbacks.save_traced:SaveTraced"},
+    "hat.callbacks.online_model_trick": {
+        "FreezeModule": "hat_ignite.callbacks.freeze:FreezeModule",
+        "FuseBN": "hat_ignite.callbacks.fuse_bn:FuseBN",
+    },
+    "hat.callbacks.param_updater": {
+        name: f"hat_ignite.callbacks.param_updater:{name}"
+        for name in (
+            "OptimParamUpdaterBase", "StepDecayOptimParamUpdater", "CosOptimParamUpdater", "CyclicOptimParamUpdater",
+        )
+    },
+    "hat.callbacks.dump_data": {"DumpData": "hat_ignite.callbacks.dump_data:DumpData"},
 }
+_CALLBACK_MODULES["hat.callbacks.mean_teacher"]["MeanTeacher"] = "hat_ignite.callbacks.mean_teacher:MeanTeacher"
+_CALLBACK_MODULES["hat.callbacks.validation"]["MeanTeacherValidation"] = (
+    "hat_ignite.callbacks.validation:MeanTeacherValidation"
+)
 _CALLBACKS = {name: path for names in _CALLBACK_MODULES.values() for name, path in names.items()}
 _CALLBACKS["FuseBN"] = "hat_ignite.callbacks.fuse_bn:FuseBN"
 _METRICS = {
@@ -72,12 +91,15 @@ _METRICS = {
 }
 _CONVERTERS = {
     "ModelConvertPipeline": "hat_ignite.quantization.pipeline:ModelConvertPipeline",
+    "TorchCompile": "hat_ignite.engine.compile:TorchCompile",
+    "Torch2Compile": "hat_ignite.engine.compile:Torch2Compile",
     "LoadCheckpoint": "hat_ignite.callbacks.checkpoint_state:LoadCheckpoint",
     **{
         name: f"hat_ignite.quantization.converters:{name}"
         for name in ("Float2Calibration", "Float2QAT", "Calibration2QAT", "QAT2Quantize", "Calibration2Quantize")
     },
 }
+_MULTITASK_LOADER = "hat_ignite.data.multitask:MultitaskLoader"
 _REGISTRY = {
     "Registry": "hat_ignite.registry:Registry",
     "OBJECT_REGISTRY": "hat_ignite.registry:OBJECT_REGISTRY",
@@ -93,7 +115,7 @@ HAT_MODULES: dict[str, dict[str, str]] = {
     "hat.engine.trainer": {"Trainer": _ENGINE["Trainer"]},
     "hat.engine.predictor": {"Predictor": _ENGINE["Predictor"]},
     "hat.engine.calibrator": {"Calibrator": _ENGINE["Calibrator"]},
-    "hat.engine.loop_base": {"LoopBase": _ENGINE["LoopBase"]},
+    "hat.engine.loop_base": {"LoopBase": _ENGINE["LoopBase"], "PipeBase": "hat_ignite.engine.pipe:PipeBase"},
     "hat.engine.ddp_trainer": {"DistributedDataParallelTrainer": _ENGINE["DistributedDataParallelTrainer"]},
     "hat.engine.dp_trainer": {"DataParallelTrainer": _ENGINE["DataParallelTrainer"]},
     "hat.engine.launcher": {"build_launcher": _ENGINE["build_launcher"]},
@@ -109,6 +131,10 @@ HAT_MODULES: dict[str, dict[str, str]] = {
     "hat.metrics.mean_iou": {"MeanIOU": _METRICS["MeanIOU"]},
     "hat.core": {},
     "hat.core.task_sampler": {"TaskSampler": "hat_ignite.engine.task_sampler:TaskSampler"},
+    "hat.core.event": {"EventStorage": "hat_ignite.engine.state:EventStorage"},
+    "hat.data": {},
+    "hat.data.dataloaders": {"MultitaskLoader": _MULTITASK_LOADER},
+    "hat.data.dataloaders.multitask_loader": {"MultitaskLoader": _MULTITASK_LOADER},
     "hat.models": {},
     "hat.models.model_convert": _CONVERTERS,
     "hat.models.model_convert.converters": {k: v for k, v in _CONVERTERS.items() if k != "ModelConvertPipeline"},
@@ -124,11 +150,21 @@ HAT_MODULES: dict[str, dict[str, str]] = {
     "hat.utils.apply_func": {
         "_as_list": "hat_ignite.hat_compat:as_list",
         "apply_to_collection": "hat_ignite.hat_compat:apply_to_collection",
+        "to_flat_ordered_dict": "hat_ignite.engine.processors.loss_collectors:to_flat_ordered_dict",
         "to_cuda": "hat_ignite.hat_compat:to_cuda",
+        "flatten": "hat_ignite.hat_utils:flatten",
+        "regroup": "hat_ignite.hat_utils:regroup",
     },
     "hat.utils.logger": {
-        name: f"hat_ignite.hat_compat:{name}" for name in ("rank_zero_info", "MSGColor", "format_msg")
+        **{name: f"hat_ignite.hat_compat:{name}" for name in ("rank_zero_info", "MSGColor", "format_msg")},
+        "init_logger": "hat_ignite.hat_utils:init_logger",
     },
+    "hat.utils.seed": {"seed_everything": "hat_ignite.hat_utils:seed_everything"},
+    "hat.utils.model_helpers": {
+        name: f"hat_ignite.hat_utils:{name}" for name in ("get_binding_module", "has_normalization")
+    },
+    "hat.utils.hash": {"get_hash_file_if_hashed_and_local": "hat_ignite.hat_utils:get_hash_file_if_hashed_and_local"},
+    "hat.utils.package_helper": {"check_packages_available": "hat_ignite.hat_utils:check_packages_available"},
 }
 
 #: HAT packages of models, data and ops that hat-ignite does not provide: what to do instead.
@@ -141,3 +177,7 @@ MODEL_ZOO_PREFIXES: dict[str, str] = {
     "hat.utils": "HAT's utilities",
     "hat": "HAT",
 }
+
+#: HAT packages of helper functions and data structures (imported, never config types): a name
+#: missing there is defined in a module of one's own, with nothing to register.
+HELPER_PREFIXES: tuple[str, ...] = ("hat.utils", "hat.core")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import enum
 import functools
 import logging
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, Callable
 
@@ -127,10 +128,16 @@ def rank_zero_only(fn: Callable) -> Callable:
     return wrapped
 
 
-@rank_zero_only
 def rank_zero_info(msg: str, *args: Any) -> None:
-    """Log ``msg`` at INFO level on rank 0 only."""
-    logger.info(msg, *args)
+    """Log ``msg`` at INFO level on rank 0 only, under the calling module's logger and line.
+
+    A user callback's ``rank_zero_info("...")`` shows as coming from that callback's module, as
+    its own ``logging.getLogger(__name__).info`` would.
+    """
+    if get_dist_info()[0] != 0:
+        return
+    caller = sys._getframe(1).f_globals.get("__name__", logger.name)
+    logging.getLogger(caller).info(msg, *args, stacklevel=2)
 
 
 class MSGColor(enum.Enum):

@@ -145,6 +145,20 @@ def test_best_follows_the_metric_in_storage(tmp_path, mode, best_epoch, nested):
     assert all(torch.equal(same["state_dict"][k], v) for k, v in best["state_dict"].items())
 
 
+def test_a_misspelt_monitored_key_says_did_you_mean_and_fails_at_the_end(tmp_path, caplog):
+    ckpt = Checkpoint(tmp_path, mode="max", monitor_metric_key="acuracy")
+    with caplog.at_level("WARNING", logger="hat_ignite.callbacks.checkpoint"):
+        with pytest.raises(ValueError) as info:
+            make_trainer([FeedMetric("accuracy", [0.5, 0.7, 0.6], True), ckpt], num_epochs=3).fit()
+    warned = [r.getMessage() for r in caplog.records if "monitored metric" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].endswith("Did you mean 'accuracy'?")  # at the first result
+    assert str(info.value).startswith("Checkpoint(monitor_metric_key='acuracy'): no result of this run had "
+                                      "that key, so no best checkpoint was written. Did you mean 'accuracy'?")
+    assert os.path.exists(ckpt.last_path) and not os.path.exists(ckpt.best_path)  # the last state is kept
+    quiet = Checkpoint(tmp_path / "quiet", mode="max", monitor_metric_key="accuracy")
+    make_trainer([quiet], num_epochs=1).fit()  # no result at all yet (no validation ran): no error
+
+
 class RunningAccuracy:
     """A metric object in HAT's shape: get() returns (names, values)."""
 
@@ -174,11 +188,16 @@ def test_best_from_a_best_refer_metric_object(tmp_path):
 
 
 # -- crash safety ------------------------------------------------------------------------------
-def test_keep_n_rotation_ignores_and_clears_a_crashed_temp_file(tmp_path):
+def test_keep_n_rotation_ignores_and_clears_a_crashed_temp_file(tmp_path, caplog):
     leftover = tmp_path / ".checkpoint-epoch-0009-deadbeef.pth.tar.0badc0de.tmp"
     leftover.write_bytes(b"half a checkpoint")
     assert list_checkpoints(tmp_path) == []
-    make_trainer([Checkpoint(tmp_path, keep_n=2)], num_epochs=5).fit()
+    with caplog.at_level("INFO", logger="hat_ignite.callbacks.checkpoint"):
+        make_trainer([Checkpoint(tmp_path, keep_n=2)], num_epochs=5).fit()
+    saved = [r.getMessage().split()[2].rstrip(".") for r in caplog.records if r.getMessage().startswith("Saved checkpoint")]
+    removed = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Removed old checkpoint")]
+    # every file a log line named and rotation deleted is named again when it goes
+    assert removed == [f"Removed old checkpoint {path} (keep_n=2)." for path in saved[:3]]
     names = files(tmp_path)
     assert len(names) == 3 and names[2] == "checkpoint-last.pth.tar"
     assert [n[:22] for n in names[:2]] == ["checkpoint-epoch-0003-", "checkpoint-epoch-0004-"]

@@ -176,6 +176,35 @@ def test_a_pickle_that_would_run_code_is_refused_and_does_not_run(tmp_path, cont
     assert not marker.exists()
 
 
+class CallsGlobal:
+    """Unpickles to ``function(argument)``: each a global a weights-only load refuses."""
+
+    def __init__(self, function, argument) -> None:
+        self.function, self.argument = function, argument
+
+    def __reduce__(self):
+        return (self.function, (self.argument,))
+
+
+@pytest.mark.parametrize("function, argument, name", [
+    (eval, "1 + 1", "eval"),
+    (exec, "x = 1", "exec"),
+    (subprocess.getoutput, "true", "getoutput"),  # pickled as commands.getoutput
+    (torch.storage._load_from_bytes, b"", "torch.storage._load_from_bytes"),
+])
+def test_a_refused_file_never_gets_torchs_allow_listing_advice(tmp_path, function, argument, name):
+    """torch's refusal advises ``add_safe_globals([that global])``: following it would let the file's
+    code run, so our error names the global and never repeats the advice."""
+    path = tmp_path / "refused.pth.tar"
+    torch.save({"state_dict": {}, "config": CallsGlobal(function, argument)}, path)
+    with pytest.raises(CheckpointError) as info:
+        load_checkpoint(path)
+    message = str(info.value)
+    assert re.search(rf"refuses \(the global ([\w]+\.)*{re.escape(name)}\)", message), message
+    for advice in ("add_safe_globals", "safe_globals", "allowlist", "weights_only` set to `False"):
+        assert advice not in message, message
+
+
 def test_no_code_path_loads_with_weights_only_false():
     offenders = []
     for file in sorted((ROOT / "hat_ignite").rglob("*.py")):

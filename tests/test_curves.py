@@ -1,4 +1,4 @@
-"""Training curves: hat-train leaves an event file and training_curves.png; hat-curves redraws it."""
+"""Training curves: hat-train leaves an event file and float_training_curves.png; hat-curves redraws it."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from conftest import DIGITS_CONFIG, ROOT, run_tool
 from pty_run import run_on_a_pty
 
 from hat_ignite.cli import curves as curves_cli
-from hat_ignite.visualize.curves import CURVES_FILE, plot_scalars
+from hat_ignite.visualize.curves import CURVES_FILE, curves_file, plot_scalars
 from hat_ignite.visualize.event_file import event_files, read_scalars
 
 STEPS = 2 * 23  # two epochs of 1437 training digits in batches of 64
@@ -45,7 +45,7 @@ def test_hat_train_writes_the_event_file_and_the_curves(run):
     assert len(scalars["lr/group_0"]) == len(scalars["lr/group_1"]) == len(scalars["train/accuracy"]) == 9
     assert [s for s, _ in scalars["val/accuracy"]] == [23, 46]
     assert scalars["loss/cls_loss"][-1][1] < scalars["loss/cls_loss"][0][1]  # it trained
-    png = work_dir / CURVES_FILE
+    png = work_dir / curves_file("float")
     image = _png_image(png)
     assert image.shape[0] > 200 and image.shape[1] > 600 and image.std() > 0.01  # a real picture
     assert f"training curves: {png} (3 panels)" in proc.stderr
@@ -58,7 +58,18 @@ def test_hat_curves_redraws_the_png_from_the_work_dir(run, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.startswith(f"{out} (loss, learning rate, accuracy; from {work_dir / 'tensorboard'})")
     assert os.path.getsize(out) > 10_000
-    assert _png_image(out).shape == _png_image(work_dir / CURVES_FILE).shape
+    assert _png_image(out).shape == _png_image(work_dir / curves_file("float")).shape
+
+
+def test_the_title_names_the_run_wherever_the_png_goes(run, tmp_path):
+    from hat_ignite.visualize.curves import draw_training_curves
+
+    work_dir, _ = run
+    elsewhere = tmp_path / "plots"
+    elsewhere.mkdir()
+    for source in (work_dir, work_dir / "tensorboard"):
+        drawn = draw_training_curves(source, elsewhere / "x.png", stage="float")
+        assert drawn.title == f"{work_dir.name}: float"  # not "plots", the PNG's folder
 
 
 def test_the_panels_hold_one_line_per_series(run, tmp_path):

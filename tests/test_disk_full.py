@@ -156,7 +156,7 @@ def test_each_writer_of_a_run_names_its_file_through_hat_train(limited_config, t
     _no_storm(done.stderr)
     expected = {
         "config": f"cannot write the resolved config {work_dir / 'float_train_config.py'}: File too large",
-        "curves": f"cannot write the training curves {work_dir / 'training_curves.png'}: File too large",
+        "curves": f"cannot write the training curves {work_dir / 'float_training_curves.png'}: File too large",
         "lineage": f"cannot write {work_dir / 'lineage.json'}: Is a directory",
     }[which]
     assert "hat-train: error: " in done.stderr and expected in done.stderr, done.stderr[-2000:]
@@ -186,7 +186,7 @@ END_WRITERS = textwrap.dedent('''
         elif which == "config":
             dump_config(cfg, os.path.join(work, "float_train_config.py"))
         else:
-            write_run_curves(trainer, work)
+            write_run_curves(trainer, work, "float")
     except CliError as exc:
         print(exc)
         sys.exit(1)
@@ -194,7 +194,7 @@ END_WRITERS = textwrap.dedent('''
 
 
 @pytest.mark.parametrize("which, name", [("lineage", "lineage.json"), ("config", "float_train_config.py"),
-                                         ("curves", "training_curves.png")])
+                                         ("curves", "float_training_curves.png")])
 def test_each_end_of_run_writer_names_its_file_and_leaves_no_temp_file(tmp_path, which, name):
     work_dir = tmp_path / "wd"
     done = _train(DIGITS, work_dir, {})  # a complete run, to write over
@@ -210,3 +210,49 @@ def test_each_end_of_run_writer_names_its_file_and_leaves_no_temp_file(tmp_path,
     assert "Traceback" not in run.stderr
     assert _temp_files(work_dir) == []
     assert (work_dir / name).read_bytes() == before  # the previous file is kept whole
+
+
+@pytest.fixture
+def small_disk(tmp_path: pathlib.Path):
+    """A real 256 KiB file system (tmpfs) mounted for the test: it fills as a disk does."""
+    mount_point = tmp_path / "small"
+    mount_point.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount_point)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here ({done.stderr.strip()}); a real full disk needs one")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", str(mount_point)], capture_output=True)
+
+
+def test_a_checkpoint_write_on_a_full_disk_says_no_space_left(small_disk):
+    """torch's zip writer reports some short writes as ``unexpected pos N vs M``: whatever the fill,
+    the error says the device is full, names the file, keeps the previous checkpoint and leaves
+    no temporary file."""
+    import torch
+
+    from hat_ignite.callbacks.checkpoint_io import atomic_save, load_checkpoint
+    from hat_ignite.errors import CheckpointError
+
+    target = small_disk / "float-checkpoint-last.pth.tar"
+    atomic_save({"state_dict": {"w": torch.zeros(10)}}, target)  # the previous checkpoint
+    payload = {"state_dict": {"w": torch.randn(40_000)}}  # about 160 KB: more than is left below
+    free = os.statvfs(small_disk).f_bavail * os.statvfs(small_disk).f_frsize
+    messages = []
+    for left in range(0, 96 * 1024, 3 * 1024):  # bytes left free before the write
+        filler = small_disk / "filler"
+        with open(filler, "wb") as f:
+            f.write(b"\0" * max(free - left - 64 * 1024, 0))  # with the old checkpoint's room kept free
+        try:
+            atomic_save(payload, target)
+        except CheckpointError as exc:
+            messages.append(str(exc))
+        finally:
+            filler.unlink()
+        assert [p.name for p in small_disk.iterdir()] == [target.name]  # no temporary file left
+        assert load_checkpoint(target)["state_dict"]["w"].shape == (10,)  # the previous one, whole
+    assert len(messages) >= 20
+    for message in messages:
+        assert message.startswith(f"Could not write checkpoint {target}: no space left on the device"), message

@@ -191,10 +191,11 @@ def test_a_failing_rank_ends_the_whole_job_with_its_error(tmp_path):
 
 def test_a_nan_loss_on_one_rank_stops_every_rank_at_that_step(tmp_path):
     # The NaN check's flag is all-reduced: rank 0, whose loss is finite, stops at the same step
-    # with the same error instead of entering the backward's all-reduce that rank 1 never joins.
+    # with the same error instead of waiting in a collective that rank 1 never joins. The config's
+    # SGD is not fused: the flags of step 2 are read on the device a step later, inside step 3.
     proc = _two_processes_with_model(tmp_path, "dist_helpers.NanLossMLP", ", nan_rank=1, nan_step=2", dist_timeout=60)
     assert proc.returncode != 0
-    where = ("training float_trainer failed at epoch_id=0, global_step_id=2: NonFiniteLossError: "
+    where = ("training float_trainer failed at epoch_id=0, global_step_id=3: NonFiniteLossError: "
              "Non-finite loss at epoch_id=0, step_id=2, global_step_id=2, batch_idx=0")
     assert f"hat-train (rank 1): error: {where}: losses[0]=nan." in proc.stderr, proc.stderr[-4000:]
     assert f"hat-train (rank 0): error: {where}: on another rank (this rank's: losses[0]=" \

@@ -6,12 +6,15 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench" / "gpu_step.py"
 
 
-def test_quick_cpu_run_prints_every_variant_and_skips_the_sync_check():
-    proc = subprocess.run([sys.executable, str(BENCH), "--device", "cpu", "--quick"], cwd=ROOT,
+@pytest.mark.parametrize("optimizer", ["sgd-fused", "adamw"])
+def test_quick_cpu_run_prints_every_variant_and_skips_the_sync_check(optimizer):
+    proc = subprocess.run([sys.executable, str(BENCH), "--device", "cpu", "--quick", "--optimizer", optimizer], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
@@ -22,7 +25,6 @@ def test_quick_cpu_run_prints_every_variant_and_skips_the_sync_check():
 
 
 def test_asking_for_cuda_without_a_gpu_says_what_to_pass():
-    import pytest
     import torch
 
     if torch.cuda.is_available():

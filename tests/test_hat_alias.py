@@ -177,9 +177,11 @@ def test_hat_utilities_user_files_import(hat_alias, caplog):
     doubled = apply_to_collection({"x": torch.ones(2), "n": [torch.zeros(1), "s"]}, torch.Tensor, lambda t: t + 1)
     assert doubled["x"].tolist() == [2.0, 2.0] and doubled["n"][1] == "s"
     assert get_dist_info() == (0, 1) and rank_zero_only(lambda: 5)() == 5
-    with caplog.at_level("INFO", logger="hat_ignite.hat_compat"):
+    with caplog.at_level("INFO", logger=__name__):
         rank_zero_info(format_msg("hello", MSGColor.RED))
-    assert [r.getMessage() for r in caplog.records] == ["\x1b[31mhello\x1b[0m"]
+    # logged as the caller's: its module's logger, file and line
+    assert [(r.name, r.filename, r.getMessage()) for r in caplog.records] == [
+        (__name__, "test_hat_alias.py", "\x1b[31mhello\x1b[0m")]
     # HAT's build_from_cfg(registry, cfg) builds one level: nested dicts stay dicts
     built = build_from_cfg(OBJECT_REGISTRY, {"type": "collections.OrderedDict", "inner": {"type": "x"}})
     assert built == {"inner": {"type": "x"}}

@@ -12,6 +12,7 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
 import torch
 from torch import nn
 
@@ -80,19 +81,64 @@ def test_the_progress_bar_reads_the_loss_only_when_it_redraws(monkeypatch):
     assert len(read_steps) < 44  # tqdm redraws at most every mininterval (0.1 s), not every step
 
 
-def test_a_non_fused_optimizer_keeps_the_blocking_check_and_says_so_once(caplog):
+OPTIMIZERS = {
+    "SGD": lambda params: torch.optim.SGD(params, lr=0.1),
+    "SGD momentum": lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9, weight_decay=1e-4),
+    "AdamW": lambda params: torch.optim.AdamW(params, lr=0.01),
+    "fused SGD": lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9, fused=True),
+}
+
+
+def _optimizer_own_reads(make_optimizer, steps: int) -> list[int]:
+    """Host reads per step of a hand-written loop with that optimizer: what torch itself reads."""
+    torch.manual_seed(0)
+    model = Net()
+    optimizer = make_optimizer(model.parameters())
+    data = [(torch.randn(16, 8), torch.randint(0, 3, (16,))) for _ in range(steps)]
+    reads = HostReads()
+    with reads:
+        for i, (x, y) in enumerate(data, start=1):
+            reads.iteration = i
+            optimizer.zero_grad(set_to_none=True)
+            model(x, y)[0].backward()
+            optimizer.step()
+    return [reads.per_step[i] for i in range(1, steps + 1)]
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_the_default_guard_reads_nothing_beyond_the_optimizer_itself(name, caplog):
+    """HAT configs use plain SGD and AdamW: the guard (policy "raise") adds no host read to them."""
+    steps = 24
+    torch.manual_seed(0)
+    model = Net()
+    data = [(torch.randn(16, 8), torch.randint(0, 3, (16,))) for _ in range(steps)]
+    trainer = Trainer(model=model, data_loader=data, device=None, num_epochs=1,
+                      optimizer=OPTIMIZERS[name](model.parameters()),
+                      batch_processor=BasicBatchProcessor(need_grad_update=True, loss_collector=collect_loss_by_index(0)))
+    reads = HostReads().attach(trainer)
+    with caplog.at_level("INFO", logger="hat_ignite.engine.processors.nonfinite"), reads:
+        trainer.fit()
+    own = _optimizer_own_reads(OPTIMIZERS[name], steps)
+    steady = range(3, steps)  # the first steps make the optimizer state; the last settles the flags
+    assert [reads.per_step[i] for i in steady] == [own[i - 1] for i in steady], reads.reads(steady)
+    assert trainer.batch_processor.nonfinite.device_flags is not None  # the guard is on
+    assert not any("blocking host read" in r.getMessage() for r in caplog.records)
+
+
+def test_skip_policy_with_a_plain_optimizer_keeps_the_blocking_check_and_says_so_once(caplog):
     torch.manual_seed(0)
     model = Net()
     data = [(torch.randn(16, 8), torch.randint(0, 3, (16,))) for _ in range(8)]
     trainer = Trainer(model=model, data_loader=data, device=None, num_epochs=1,
                       optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-                      batch_processor=BasicBatchProcessor(need_grad_update=True, loss_collector=collect_loss_by_index(0)))
+                      batch_processor=BasicBatchProcessor(need_grad_update=True, loss_collector=collect_loss_by_index(0),
+                                                          nonfinite_policy="skip"))
     reads = HostReads().attach(trainer)
     with caplog.at_level("INFO", logger="hat_ignite.engine.processors.nonfinite"), reads:
         trainer.fit()
     assert all(len(r) == 2 for r in reads.reads(range(2, 9)).values()) and len(reads.reads(range(2, 9))) == 7
     told = [r.getMessage() for r in caplog.records if "blocking host read" in r.getMessage()]
-    assert len(told) == 1 and "SGD cannot skip an update on the device (no fused=True)" in told[0]
+    assert len(told) == 1 and "SGD cannot skip one on the device (no fused=True)" in told[0]
 
 
 def test_the_shipped_digits_config_reads_only_at_log_steps(tmp_path):
@@ -112,13 +158,16 @@ def test_the_shipped_digits_config_reads_only_at_log_steps(tmp_path):
     assert any(reads.per_step[i] for i in tensorboard)  # the counter sees the reads where they are
 
 
-def test_a_two_process_gloo_run_reads_nothing(tmp_path):
-    proc = subprocess.run([sys.executable, str(TESTS / "host_reads_dist.py"), "count", str(tmp_path)],
+@pytest.mark.parametrize("name", ["fused SGD", "SGD momentum", "AdamW"])
+def test_a_two_process_gloo_run_reads_nothing_beyond_the_optimizer_itself(tmp_path, name):
+    proc = subprocess.run([sys.executable, str(TESTS / "host_reads_dist.py"), "count", str(tmp_path), name],
                           cwd=tmp_path, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-4000:]
+    own = _optimizer_own_reads(OPTIMIZERS[name], 36)[5:36]  # steps 6..35, as counted there
     for rank in (0, 1):
         result = torch.load(tmp_path / f"count_rank{rank}.pt", weights_only=True)
-        assert result == {"reads": {}, "iteration": 40}
+        assert result["iteration"] == 40
+        assert result["per_step"] == own[:30], result["reads"]
 
 
 def test_the_package_reads_no_memory_through_ctypes():

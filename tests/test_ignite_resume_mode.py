@@ -76,6 +76,29 @@ def test_load_state_dict_mid_epoch_then_fit_runs_the_rest():
     assert steps == list(range(1, 2 * STEPS + 1))
 
 
+def test_state_dict_user_keys_survive_a_restore_and_a_start_epoch(straight):
+    """Ignite's ``state_dict_user_keys`` recipe: the key is saved, restored, and fit() goes on."""
+    first = make_trainer()
+    first.state_dict_user_keys.append("alpha")
+    first.state.alpha = 0.25
+    first.add_event_handler(Events.EPOCH_COMPLETED(once=1), lambda e: e.terminate())
+    first.fit()
+    saved = first.state_dict()
+    assert saved["alpha"] == 0.25 and saved["iteration"] == STEPS
+    resumed = make_trainer()
+    resumed.state_dict_user_keys.append("alpha")
+    resumed.model.load_state_dict(first.model.state_dict())
+    resumed.optimizer.load_state_dict(first.optimizer.state_dict())
+    resumed.load_state_dict(saved)
+    state = resumed.fit()
+    assert (state.epoch, state.iteration, state.alpha) == (3, 3 * STEPS, 0.25)
+    assert torch.equal(weights(resumed), straight)
+    fresh = make_trainer()  # HAT's start_epoch with a user key never set: nothing to restore, it runs
+    fresh.start_epoch = 2
+    fresh.state_dict_user_keys.append("beta")
+    assert fresh.fit().iteration == 3 * STEPS and list(fresh.state_dict_user_keys) == ["beta"]
+
+
 def test_restored_state_with_another_epoch_length_is_refused():
     trainer = make_trainer()
     trainer.load_state_dict({"iteration": 5, "epoch_length": STEPS + 1, "max_epochs": 3})

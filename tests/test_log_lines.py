@@ -30,7 +30,7 @@ def _expected(work_dir: str) -> list[str]:
             head + rf"hat_ignite\.cli\.train: Epoch\[{epoch}\] last loss={NUMBER} lr={NUMBER} \({NUMBER} s\)",
         ]
     lines += [
-        head + rf"hat_ignite\.cli\.curves: training curves: {wd}/training_curves\.png \(3 panels\)",
+        head + rf"hat_ignite\.cli\.curves: training curves: {wd}/float_training_curves\.png \(3 panels\)",
         head + rf"hat_ignite\.cli\.train: done in {NUMBER} s: train cls_loss={NUMBER} accuracy={NUMBER}, "
                rf"val accuracy={NUMBER} -> {wd}/metrics\.json",
     ]

@@ -176,10 +176,11 @@ def test_uses_train_metrics_and_filter_condition_in_a_predictor():
     loader = digits_loader(n=200, batch_size=25)
     seen = []
 
-    def first_label_even(batch, model_outs):
+    def first_label_even(batch):  # HAT calls the filter with the batch alone
         keep = int(batch[1][0]) % 2 == 0
         if keep:
-            seen.append((batch[1], model_outs[1].argmax(1)))
+            with torch.no_grad():
+                seen.append((batch[1], model(*batch)[1].argmax(1)))
         return keep
 
     updater = MetricUpdater(update_metric, filter_condition=first_label_even, step_log_freq=0)

@@ -68,9 +68,10 @@ def test_multitask_loader_cycles_short_loaders_and_reaches_every_sampler():
     big = DataLoader(Subset(DigitsDataset("val"), range(100)), batch_size=20)
     loader = MultitaskLoader({"digits": big, "parity": small}, TaskSampler({"digits": 1, "parity": 1}, "sample_one"))
     steps = list(loader)
-    assert len(steps) == len(loader) == 5
-    assert [list(s[0]) for s in steps] == [["digits"], ["parity"], ["digits"], ["parity"], ["digits"]]
-    assert set(steps[1][0]["parity"]["labels"].tolist()) <= {0, 1}
+    # max_size: the epoch ends when a task has given max(5, 2) = 5 batches; sample_one alternates
+    assert len(steps) == len(loader) == 10
+    assert [list(s) for s in steps] == [["digits"], ["parity"]] * 5
+    assert set(steps[1]["parity"]["labels"].tolist()) <= {0, 1}
     sharded = distributed_loader(loader, num_replicas=2, rank=1, seed=5)
     for sub in sharded.loaders.values():
         assert isinstance(sub.sampler, DistributedSampler) and sub.batch_size == 20
@@ -100,7 +101,8 @@ def test_multitask_model_trains_both_heads_in_one_process():
     }
     model = MultiTaskMLP({"digits": 10, "parity": 2}, hidden_features=64)
     trainer = Trainer(
-        model=model, data_loader=MultitaskLoader(loaders), optimizer=torch.optim.Adam(model.parameters(), 1e-2),
+        model=model, data_loader=MultitaskLoader(loaders, return_task=True),
+        optimizer=torch.optim.Adam(model.parameters(), 1e-2),
         batch_processor=MultiBatchProcessor(need_grad_update=True, delay_sync=True, loss_collector=collect_loss_by_index(0)),
         device=None, num_epochs=2,
     )
@@ -140,3 +142,110 @@ def test_ddp_trainer_without_a_process_group_says_how_to_start_one():
     assert devices == [[0, 1], None]
     with pytest.raises(ValueError, match="DistributedDataParallelTrainer launcher"):
         build_launcher("Trainer")(lambda device: None, num_processes=2)
+
+
+# Each case: HAT's MultitaskLoader (hat/data/dataloaders/multitask_loader.py) and TaskSampler, run
+# with the loaders range(6) and range(4) in batches of 2 (a: 3 batches, b: 2), return_task=True;
+# the first epoch's steps as [(task, batch)] lists, measured with HAT's own code.
+HAT_EPOCHS = {
+    ("sample_one", (1, 2), "max_size"): [
+        [("a", [0, 1])], [("b", [0, 1])], [("b", [2, 3])], [("a", [2, 3])], [("b", [0, 1])], [("b", [2, 3])],
+        [("a", [4, 5])]],
+    ("sample_all", (1, 2), "max_size"): [
+        [("a", [0, 1]), ("b", [0, 1])], [("a", [2, 3]), ("b", [2, 3])], [("a", [4, 5]), ("b", [0, 1])],
+        [("a", [0, 1]), ("b", [2, 3])]],
+    ("sample_all", (1, 1), "validation"): [
+        [("a", [0, 1]), ("b", [0, 1])], [("a", [2, 3]), ("b", [2, 3])], [("a", [4, 5])]],
+    ("sample_one", (1, 1), "validation"): [
+        [("a", [0, 1])], [("b", [0, 1])], [("a", [2, 3])], [("b", [2, 3])], [("a", [4, 5])], []],
+    ("sample_one", (1, 1), "min_size"): [
+        [("a", [0, 1])], [("b", [0, 1])], [("a", [2, 3])], [("b", [2, 3])], [("a", [4, 5])]],
+}
+
+
+@pytest.mark.parametrize("method, factors, mode", list(HAT_EPOCHS))
+def test_multitask_loader_steps_are_hats(method, factors, mode):
+    loaders = {"a": DataLoader(list(range(6)), batch_size=2), "b": DataLoader(list(range(4)), batch_size=2)}
+    sampler = TaskSampler({"a": factors[0], "b": factors[1]}, method=method)
+    loader = MultitaskLoader(loaders, sampler, mode=mode, return_task=True)
+    steps = [[(task, batch.tolist()) for batch, task in step] for step in loader]
+    assert steps == HAT_EPOCHS[method, factors, mode]
+    assert len(loader) == len(steps)  # the loop runs exactly the steps HAT's first epoch has
+    assert loader.batch_size == 2 * factors[0] + 2 * factors[1]  # HAT's batch_size: sum times factor
+
+
+def test_multitask_loader_dict_steps_wrapped_pairs_and_custom_length():
+    loaders = {"a": DataLoader(list(range(6)), batch_size=2), "b": DataLoader(list(range(4)), batch_size=2)}
+    # no task sampler: one {task: batch} dict a step (HAT's default), b starting again (max_size)
+    assert [{k: v.tolist() for k, v in s.items()} for s in MultitaskLoader(loaders)] == [
+        {"a": [0, 1], "b": [0, 1]}, {"a": [2, 3], "b": [2, 3]}, {"a": [4, 5], "b": [0, 1]}]
+    assert len(MultitaskLoader(loaders, mode="min_size")) == 2
+    assert len(list(MultitaskLoader(loaders, custom_length=2))) == len(MultitaskLoader(loaders, custom_length=2)) == 2
+    records = DataLoader([{"x": i} for i in range(4)], batch_size=2)
+    wrapped = list(MultitaskLoader({"a": records}, return_task=True, wrap_batch=True))
+    assert [(sorted(batch), task) for step in wrapped for batch, task in step] == [(["a", "x"], "a")] * 2
+    assert wrapped[0][0][0]["a"]["x"].tolist() == [0, 1]
+    with pytest.raises(ValueError, match="mode must be one of max_size, min_size, validation"):
+        MultitaskLoader(loaders, mode="longest")
+
+
+def test_collect_loss_by_regex_finds_hats_graph_model_losses():
+    from collections import namedtuple
+
+    from hat_ignite.engine.processors.loss_collectors import collect_loss_by_regex, to_flat_ordered_dict
+
+    Out = namedtuple("OrderedOutput", ["task1_toy_ToyLoss", "task1_toy_predict", "task1_toy_target"])
+    outs = (Out(torch.tensor(1.5), torch.zeros(2, 3), torch.tensor([0, 1])),)
+    # keys and collected losses measured with HAT's to_flat_ordered_dict / collect_loss_by_regex
+    assert list(to_flat_ordered_dict(outs)) == ["0_task1_toy_ToyLoss", "0_task1_toy_predict", "0_task1_toy_target"]
+    assert collect_loss_by_regex("^.*loss.*")(outs) == [torch.tensor(1.5)]
+    pair = ({"img": torch.zeros(2, 3), "task1_label": torch.tensor([0, 1])}, "task1")
+    assert list(to_flat_ordered_dict(pair)) == ["0_img", "0_task1_label", "1"]
+    nested = {"a": [{"c": 1}], "d": (2, 3), "e": {"Loss": torch.tensor(2.0), "f": [torch.tensor(3.0)]}}
+    assert list(to_flat_ordered_dict(nested)) == ["a_0_c", "d_0", "d_1", "e_Loss", "e_f_0"]
+    assert list(to_flat_ordered_dict(nested, flat_condition=lambda k, v: not isinstance(v, tuple))) == [
+        "a_0_c", "d", "e_Loss", "e_f_0"]
+    with pytest.raises(ValueError, match="no model output matches; the outputs are \\['0_task1_toy_ToyLoss'"):
+        collect_loss_by_regex("^.*cls_loss")(outs)
+    with pytest.raises(TypeError, match="'0_task1_toy_target' matches but is a str, not a tensor"):
+        collect_loss_by_regex("^.*target")(({"task1_toy_target": "label"},))
+
+
+def test_metric_update_funcs_and_a_one_argument_filter_condition():
+    from hat_ignite.callbacks import MetricUpdater, update_metric_using_index, update_metric_using_regex
+    from hat_ignite.metrics import Accuracy
+
+    pair = ({"img": torch.zeros(2, 3), "task1_label": torch.tensor([0, 2])}, "task1")
+    outs = ({"task1_toy_predict": torch.tensor([[0.9, 0.1, 0.0], [0.1, 0.2, 0.7]])},)
+    update = update_metric_using_regex([dict(label_pattern="^.*task1_label.*", pred_pattern="^.*task1.*predict")])
+    updater = MetricUpdater(update, metrics=[Accuracy()], filter_condition=lambda x: x[1] == "task1")
+    updater.on_batch_end(batch=pair, model_outs=outs)
+    updater.on_batch_end(batch=(pair[0], "task2"), model_outs=outs)  # another task's batch: filtered out
+    assert updater.metrics[0].get() == ("accuracy", 1.0)
+    metrics = [Accuracy(), Accuracy()]
+    update_metric_using_index([dict(label_idx=0, pred_idx=0), dict(label_idx=1, pred_idx=1)])(
+        metrics, [torch.tensor([1]), torch.tensor([2])], [torch.tensor([1]), torch.tensor([3])])
+    assert [m.get()[1] for m in metrics] == [1.0, 0.0]
+    with pytest.raises(ValueError, match="2 pattern\\(s\\) are given for 1 metric"):
+        update_metric_using_index([dict(label_idx=0, pred_idx=0)] * 2)([Accuracy()], [1], [1])
+
+
+def test_grad_scale_tells_the_task_of_a_batch_task_pair():
+    """GradScale's task entries apply to (batch, task) pairs (HAT: ``task in batch``)."""
+    from hat_ignite.callbacks import GradScale
+
+    def trunk_after_one_step(tasks, callbacks):
+        torch.manual_seed(0)
+        model = MultiTaskMLP({"digits": 10, "parity": 2}, hidden_features=16)
+        data = {"digits": DigitsDataset("val"), "parity": DigitsParityDataset("val")}
+        loaders = {t: DataLoader(Subset(data[t], range(32)), batch_size=32) for t in tasks}
+        Trainer(model=model, data_loader=MultitaskLoader(loaders, return_task=True),
+                optimizer=torch.optim.SGD(model.parameters(), lr=0.5),
+                batch_processor=MultiBatchProcessor(need_grad_update=True, loss_collector=collect_loss_by_index(0)),
+                device=None, num_epochs=1, callbacks=callbacks).fit()
+        return model.trunk[0].weight.detach().clone()
+
+    # the parity batch's gradient into the trunk scaled to 0: the trunk moves as with digits alone
+    scaled = trunk_after_one_step(["digits", "parity"], [GradScale([("trunk", 0.0, "parity")])])
+    assert torch.allclose(scaled, trunk_after_one_step(["digits"], []), atol=1e-6)
+    assert not torch.allclose(scaled, trunk_after_one_step(["digits", "parity"], []), atol=1e-4)

@@ -64,29 +64,45 @@ def processor(**kwargs):
     return BasicBatchProcessor(need_grad_update=True, loss_collector=collect_loss_by_regex("^.*loss"), **kwargs)
 
 
-@pytest.mark.parametrize("marker, what, names", [
-    (1000.0, "Non-finite loss", "mse_loss=nan"),
-    (-1000.0, "Non-finite gradient", "parameters fc.weight"),
-])
-def test_nonfinite_loss_or_gradient_stops_before_the_update(marker, what, names):
+@pytest.mark.parametrize("marker, what", [(1000.0, "Non-finite loss"), (-1000.0, "Non-finite gradient")])
+def test_a_plain_optimizer_raises_naming_the_step_without_a_host_read_per_step(marker, what):
+    """Plain SGD cannot skip an update on the device: under the default policy the guard still
+    reads nothing per step; the flags of step 2 are read at step 3 and the run stops naming
+    step 2 (nothing is saved: tests/test_nonfinite_checkpoint.py)."""
     snaps = Snapshots()
-    trainer = run(batches(2, marker), processor(), callbacks=[snaps])
-    momentum_before = None
-
-    class KeepMomentum(CallbackMixin):
-        def on_step_end(self, optimizer, **kwargs):
-            nonlocal momentum_before
-            momentum_before = [s["momentum_buffer"].clone() for s in optimizer.state.values()]
-
-    trainer.attach_callbacks([KeepMomentum()])
+    trainer = run(batches(2, marker, n=6), processor(), callbacks=[snaps])
     with pytest.raises(NonFiniteLossError) as info:
         trainer.fit()
     message = str(info.value)
     assert message.startswith(f"{what} at epoch_id=0, step_id=2, global_step_id=2, batch_idx=0")
-    assert names in message and "before the optimizer update" in message
-    assert len(snaps.params) == 2  # steps 0 and 1 finished
-    assert all(torch.equal(a, b) for a, b in zip(snaps.params[-1], trainer.model.parameters()))
-    assert all(torch.equal(a, s["momentum_buffer"]) for a, s in zip(momentum_before, trainer.optimizer.state.values()))
+    assert "SGD cannot skip an update on the device" in message and "do not save them" in message
+    assert trainer.state.iteration == 4  # raised inside step 3, when step 2's flags were read
+    assert len(snaps.params) == 3  # steps 0, 1 and 2 finished
+
+
+@pytest.mark.parametrize("marker, what, names", [
+    (1000.0, "Non-finite loss", "mse_loss=nan"),
+    (-1000.0, "Non-finite gradient", "parameters fc.weight"),
+])
+def test_skip_policy_with_a_plain_optimizer_checks_before_the_update(marker, what, names, caplog):
+    """Under ``nonfinite_policy="skip"`` a plain optimizer needs the blocking check: the bad
+    step's update (and its momentum) never happens, and the log names the loss or parameter."""
+    snaps = Snapshots()
+    trainer = run(batches(2, marker), processor(nonfinite_policy="skip"), callbacks=[snaps])
+    momenta = []
+
+    class KeepMomentum(CallbackMixin):
+        def on_step_end(self, optimizer, **kwargs):
+            momenta.append([s["momentum_buffer"].clone() for s in optimizer.state.values()])
+
+    trainer.attach_callbacks([KeepMomentum()])
+    with caplog.at_level(logging.WARNING, logger="hat_ignite.engine.processors.nonfinite"):
+        trainer.fit()
+    assert trainer.state.nonfinite_skipped == 1
+    assert all(torch.equal(a, b) for a, b in zip(snaps.params[1], snaps.params[2]))
+    assert all(torch.equal(a, b) for a, b in zip(momenta[1], momenta[2]))
+    text = [r.getMessage() for r in caplog.records]
+    assert len(text) == 1 and f"{what.lower()} at epoch_id=0, step_id=2" in text[0] and names in text[0]
 
 
 def test_skip_mode_drops_and_counts_the_bad_updates(caplog):

@@ -1,8 +1,9 @@
 """No checkpoint ever holds a step whose update the on-device NaN/Inf guard skipped.
 
-With a fused optimizer the guard's flag is read a step late; at a save point (a step-interval
-``Checkpoint``) and at a requested stop (SIGTERM) it is read at once, so the run raises naming
-the step before anything of that step is written, and ``--resume auto`` finds step k - 1.
+The guard's flag is read a step late (a fused optimizer skips the bad update on the device; a
+plain SGD or AdamW applies it in memory); at a save point (a step-interval ``Checkpoint``) and at
+a requested stop (SIGTERM) it is read at once, so the run raises naming the step before anything
+of that step is written, and ``--resume auto`` finds step k - 1.
 """
 
 from __future__ import annotations
@@ -40,24 +41,32 @@ class StopAt(CallbackMixin):
             loop.request_stop("received SIGTERM", 15)
 
 
-def trainer(marker: float, callbacks: list) -> Trainer:
+OPTIMIZERS = {
+    "fused SGD": lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9, fused=True),
+    "SGD": lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9),
+    "AdamW": lambda params: torch.optim.AdamW(params, lr=0.01),
+}
+
+
+def trainer(marker: float, callbacks: list, optimizer: str = "fused SGD") -> Trainer:
     torch.manual_seed(0)
     model = Net()
     return Trainer(model=model, data_loader=batches(K, marker, n=8),
-                   optimizer=torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, fused=True),
+                   optimizer=OPTIMIZERS[optimizer](model.parameters()),
                    batch_processor=BasicBatchProcessor(need_grad_update=True, loss_collector=collect_loss_by_regex("^.*loss")),
                    device=None, num_epochs=1, callbacks=callbacks)
 
 
 @pytest.mark.parametrize("marker, what", [(1000.0, "Non-finite loss"), (-1000.0, "Non-finite gradient")])
 @pytest.mark.parametrize("case", ["step checkpoint", "stop request"])
-def test_a_nan_at_a_save_or_stop_step_raises_there_and_writes_no_checkpoint_of_it(tmp_path, case, marker, what):
+@pytest.mark.parametrize("optimizer", list(OPTIMIZERS))
+def test_a_nan_at_a_save_or_stop_step_raises_there_and_writes_no_checkpoint_of_it(tmp_path, case, marker, what, optimizer):
     snaps = Snapshots()
     if case == "step checkpoint":  # saves after every step, so also after step K
         callbacks = [snaps, Checkpoint(tmp_path, interval_by="step", save_interval=1)]
     else:  # saves after step K - 1 only; the stop at step K would write a resume point of step K
         callbacks = [snaps, Checkpoint(tmp_path, interval_by="step", save_interval=K), StopAt(K)]
-    loop = trainer(marker, callbacks)
+    loop = trainer(marker, callbacks, optimizer)
     with pytest.raises(NonFiniteLossError) as info:
         loop.fit()
     assert str(info.value).startswith(f"{what} at epoch_id=0, step_id={K}, global_step_id={K}, batch_idx=0")

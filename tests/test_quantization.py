@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import os
 import subprocess
 import sys
 
@@ -125,6 +126,8 @@ def test_int8_model_reloads_in_a_fresh_process_with_identical_outputs(digits, tm
     path = save_quantized_model(int8, tmp_path / "int8.pt2", batch)
     with torch.no_grad():
         torch.save({"batch": batch, "out": int8(batch)}, tmp_path / "ref.pt")
+    # readable like every other file the run writes (rw-r--r-- under the usual umask 022)
+    assert os.stat(path).st_mode & 0o777 == os.stat(tmp_path / "ref.pt").st_mode & 0o777
     code = (
         "import sys, torch\n"
         "from hat_ignite.quantization import load_quantized_model\n"

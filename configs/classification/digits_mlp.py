@@ -6,7 +6,7 @@ Override: python bin/hat-train configs/classification/digits_mlp.py --opts float
 
 Reaches 97 % validation accuracy (75 % after the first epoch) in a few seconds on a CPU. The work
 dir receives the log, the resolved config, the checkpoints (best by validation accuracy, and last),
-metrics.json, the TensorBoard event file and training_curves.png.
+metrics.json, the TensorBoard event file and float_training_curves.png.
 """
 
 import os
@@ -82,7 +82,7 @@ ckpt_callback = dict(
 )
 # Losses, lr and train metrics every 5 steps, validation accuracy every epoch, into an event file
 # (tensorboard --logdir work_dirs/digits_mlp/tensorboard); hat-train also draws them into
-# work_dir/training_curves.png at the end (redraw with hat-curves WORK_DIR).
+# work_dir/<stage>_training_curves.png at the end (redraw with hat-curves WORK_DIR --stage float).
 tb_callback = dict(type="TensorBoard", save_dir=os.path.join(work_dir, "tensorboard"), overwrite=True, update_freq=5)
 
 float_trainer = dict(

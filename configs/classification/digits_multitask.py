@@ -47,6 +47,8 @@ data_loader = dict(
         parity=task_loader("DigitsParityDataset", "train", True, batch_size_per_gpu),
     ),
     task_sampler=task_sampler,
+    mode="max_size",  # an epoch: the longer task loader once; the shorter one starts again
+    return_task=True,  # each step: ((digits_batch, "digits"), (parity_batch, "parity"))
 )
 val_data_loader = dict(
     type="MultitaskLoader",
@@ -54,15 +56,17 @@ val_data_loader = dict(
         digits=task_loader("DigitsDataset", "val", False, 256),
         parity=task_loader("DigitsParityDataset", "val", False, 256),
     ),
+    mode="validation",  # each task's validation set read once
+    return_task=True,
 )
 
 
-# Each (sub-)batch is {task: {"img", "labels"}}; the model returns ({f"{task}_loss"}, {task: logits})
-# in training and {task: logits} in eval mode. Metrics are per task: [digits, parity].
+# Each sub-batch is a (batch, task) pair, batch = {"img", "labels"}; the model, called as
+# model(batch, task), returns ({f"{task}_loss"}, {task: logits}) in training and {task: logits} in
+# eval mode. Metrics are per task: [digits, parity].
 def _update_task_metrics(metrics, batch, logits):
-    by_task = dict(zip(tasks, metrics))
-    for task, data in batch.items():
-        by_task[task].update(data["labels"], logits[task])
+    data, task = batch
+    dict(zip(tasks, metrics))[task].update(data["labels"], logits[task])
 
 
 def update_train_metrics(metrics, batch, model_outs):

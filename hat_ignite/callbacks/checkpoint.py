@@ -51,7 +51,7 @@ from hat_ignite.callbacks.checkpoint_files import (
     scan_checkpoints,
     weights_finite,
 )
-from hat_ignite.callbacks.checkpoint_monitor import monitored_value
+from hat_ignite.callbacks.checkpoint_monitor import metric_names, missing_key_hint, monitored_value
 from hat_ignite.callbacks.checkpoint_payload import training_state, unwrap_model
 from hat_ignite.callbacks.checkpoint_reconcile import reconcile
 from hat_ignite.errors import CheckpointError
@@ -157,6 +157,7 @@ class Checkpoint(CallbackMixin):
         self._restored = False  # load_state_dict ran since the last loop begin (a resume)
         self._saved_iteration: int | None = None
         self._warned_missing = False
+        self._missing_names: list[str] = []  # metric names seen while the monitored key was missing
         # Rotation never deletes these: the file the run resumed from, the newest finite one.
         self._resumed_hashes: set[str] = set()
         self._resumed_numbers: set[tuple[str, int]] = set()
@@ -191,6 +192,7 @@ class Checkpoint(CallbackMixin):
     def on_loop_begin(self, loop: LoopBase, **kwargs: Any) -> None:
         self._saved_iteration = None
         self._warned_missing = False
+        self._missing_names = []
         self._last_finite = None
         resumed = getattr(loop, "checkpoint", None)
         self._resumed_hashes, self._resumed_numbers = resume_marks(resumed)
@@ -233,6 +235,10 @@ class Checkpoint(CallbackMixin):
             self.save_point(loop, "epoch", epoch_id, epoch_id, global_step_id, storage, val_metrics)
 
     def on_loop_end(self, loop: LoopBase, epoch_id: int, global_step_id: int, **kwargs: Any) -> None:
+        self._save_at_loop_end(loop, epoch_id, global_step_id)
+        self._check_best_written()
+
+    def _save_at_loop_end(self, loop: LoopBase, epoch_id: int, global_step_id: int) -> None:
         if not self.save_on_train_end:
             return
         loop.settle_updates()  # every rank: a skipped update raises on all of them
@@ -326,6 +332,7 @@ class Checkpoint(CallbackMixin):
         with ``keep_n``, the oldest files up to this one (newer files of an abandoned run stay)."""
         entries = [(n, p) for k, n, p in scan_checkpoints(self.save_dir, self.name_prefix) if k == kind and n <= number]
         doomed = [p for n, p in entries if n == number and p != keep]
+        same = len(doomed)
         if self.keep_n is not None:
             older = sorted({n for n, _ in entries if n < number})
             dropped = set(older[: max(len(older) - (self.keep_n - 1), 0)])
@@ -339,6 +346,9 @@ class Checkpoint(CallbackMixin):
                 os.remove(p)
             except OSError as exc:
                 logger.warning("Could not remove old checkpoint %s: %s", p, exc)
+            else:
+                why = f"keep_n={self.keep_n}" if p not in doomed[:same] else "superseded by the file of the same number"
+                logger.info("Removed old checkpoint %s (%s).", p, why)
 
     def _keep_reason(self, kind: str, path: str) -> str | None:
         """Why rotation must not delete ``path`` (``None``: it may)."""
@@ -357,12 +367,15 @@ class Checkpoint(CallbackMixin):
         value = monitored_value(self.monitor_metric_key, self.best_refer_metric, storage, val_metrics,
                                 engine_metrics)
         if value is None:
-            if not self._warned_missing:
+            names = metric_names(storage, engine_metrics)
+            if not self._warned_missing or (names and not self._missing_names):
                 logger.warning(
                     "Checkpoint: no value for the monitored metric %r yet (not in storage, state.metrics, "
-                    "best_refer_metric or val_metrics); best checkpoint not updated.", self.monitor_metric_key,
+                    "best_refer_metric or val_metrics); best checkpoint not updated.%s", self.monitor_metric_key,
+                    missing_key_hint(self.monitor_metric_key, names),
                 )
                 self._warned_missing = True
+            self._missing_names = names or self._missing_names
             return False
         if math.isnan(value):
             return False
@@ -370,6 +383,20 @@ class Checkpoint(CallbackMixin):
         if better:
             self.best = value
         return better
+
+    def _check_best_written(self) -> None:
+        """At the loop's end: a monitored key that no result of the run ever had is an error.
+
+        The results had other names (so validation ran), yet no ``best`` was written: the key is
+        misspelt, and the next stage, which loads ``best``, could not start.
+        """
+        if self.mode is None or self.best is not None or not self._missing_names:
+            return
+        raise ValueError(
+            f"Checkpoint(monitor_metric_key={self.monitor_metric_key!r}): no result of this run had that "
+            f"key, so no best checkpoint was written.{missing_key_hint(self.monitor_metric_key, self._missing_names)} "
+            f"Fix monitor_metric_key and train again; this run's checkpoints (and {self.last_path}) are kept."
+        )
 
     # -- state ---------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

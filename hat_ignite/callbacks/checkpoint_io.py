@@ -29,6 +29,7 @@ checkpoint listing matches (:func:`is_temp_file`).
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import pickle
@@ -105,11 +106,38 @@ def _remove_quietly(path: str) -> None:
         pass
 
 
-def _write_error(path: str, exc: BaseException) -> CheckpointError:
+#: A file system with less free space than this when a write failed is taken to be full.
+_FULL_BELOW = 1 << 20
+
+
+def disk_full(directory: str, exc: BaseException) -> bool:
+    """Whether a write into ``directory`` failed for want of space.
+
+    ``ENOSPC`` / ``EDQUOT`` say so; other errors count when the file system has less than 1 MiB
+    free for this user at the time (call it before removing what the write left): torch's zip
+    writer turns a short write on a full disk into ``RuntimeError: ... unexpected pos``.
+    """
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    try:
+        info = os.statvfs(directory)
+    except OSError:
+        return False
+    return info.f_bavail * info.f_frsize < _FULL_BELOW
+
+
+def _write_error(path: str, exc: BaseException, full: bool = False) -> CheckpointError:
+    directory = os.path.dirname(path)
+    if full:
+        return CheckpointError(
+            f"Could not write checkpoint {path}: no space left on the device ({type(exc).__name__}: "
+            f"{exc}). Previously written checkpoints are untouched. Free space on {directory}, or "
+            f"choose another save_dir."
+        )
     return CheckpointError(
         f"Could not write checkpoint {path}: {type(exc).__name__}: {exc}. Previously written "
         f"checkpoints are untouched. Check free disk space and write permission on "
-        f"{os.path.dirname(path)}, or choose another save_dir."
+        f"{directory}, or choose another save_dir."
     )
 
 
@@ -123,9 +151,10 @@ def _replaced_atomically(path: str) -> Iterator[str]:
         yield tmp
         os.replace(tmp, path)
     except BaseException as exc:
+        full = isinstance(exc, Exception) and disk_full(os.path.dirname(path), exc)  # before freeing tmp
         _remove_quietly(tmp)
         if isinstance(exc, Exception):
-            raise _write_error(path, exc) from exc
+            raise _write_error(path, exc, full) from exc
         raise
     _fsync_dir(os.path.dirname(path))
 
@@ -224,6 +253,8 @@ def _torch_detail(exc: Exception) -> str:
     if not text:
         return type(exc).__name__
     lines = [line.strip() for line in text.splitlines() if line.strip()]
+    advice = re.compile(r"\s*(Please use `torch\.serialization|Re-running `torch\.load`|to allowlist).*$", re.IGNORECASE)
+    lines = [advice.sub("", line) or line for line in lines]
     if "weights only load failed" in lines[0].lower():
         marker = next((i for i, line in enumerate(lines) if "WeightsUnpickler error:" in line), None)
         if marker is not None:
@@ -234,14 +265,34 @@ def _torch_detail(exc: Exception) -> str:
     return lines[0]
 
 
+_REFUSED_GLOBAL = re.compile(r"unsupported\s+(?:global:\s*)?GLOBAL\s+([\w.]+)", re.IGNORECASE)
+
+
+def _refused_global(exc: Exception) -> str | None:
+    """The global a weights-only load refused (``posix.system``), without torch's advice.
+
+    torch's message goes on to advise ``add_safe_globals([...])`` for that global: for a refused
+    file that would let its code run, so it is never repeated.
+
+    >>> _refused_global(pickle.UnpicklingError("WeightsUnpickler error: Unsupported global: GLOBAL eval was "
+    ...     "not an allowed global by default. Please use `torch.serialization.add_safe_globals([eval])`"))
+    'eval'
+    >>> _refused_global(pickle.UnpicklingError("Trying to load unsupported GLOBAL posix.system whose module "
+    ...     "posix is blocked."))
+    'posix.system'
+    """
+    if not isinstance(exc, pickle.UnpicklingError):
+        return None
+    found = _REFUSED_GLOBAL.search(str(exc))
+    return found.group(1) if found else None
+
+
 def _load_error(path: str, exc: Exception) -> CheckpointError:
     detail = _torch_detail(exc)
-    refused = next(
-        (line.strip() for line in str(exc).splitlines() if "unsupported global" in line.lower()), None
-    ) if isinstance(exc, pickle.UnpicklingError) else None
+    refused = _refused_global(exc)
     if refused:
         reason = (
-            f"it holds Python objects that a weights-only load refuses ({refused}). "
+            f"it holds Python objects that a weights-only load refuses (the global {refused}). "
             f"Checkpoints are never unpickled with weights_only=False. If you trust the file, "
             f"re-save it as plain tensors and containers (e.g. torch.save(obj.state_dict(), path))"
         )

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
 from typing import Any, Sequence
 
 import torch
 
-__all__ = ["monitored_value"]
+__all__ = ["monitored_value", "metric_names", "missing_key_hint"]
 
 
 def _as_float(value: Any, what: str) -> float:
@@ -89,3 +90,41 @@ def monitored_value(
             f"{key!r}. Use one of the names its get() returns."
         )
     return None
+
+
+def metric_names(storage: Any, engine_metrics: Any = None) -> list[str]:
+    """The names of the results the run has produced so far (sorted, without duplicates).
+
+    The values ``MetricUpdater`` and ``Validation`` put into the storage (a dict per updater)
+    and Ignite metrics' ``engine.state.metrics``; not the loop's metric objects, which answer
+    with their names before any result exists.
+
+    >>> metric_names({"monitor_obj": {"accuracy": 0.9}, "epoch_time": 1.5}, {"loss": 0.3})
+    ['accuracy', 'loss']
+    """
+    names: set[str] = set()
+    if isinstance(storage, Mapping):
+        for value in storage.values():
+            if isinstance(value, Mapping):
+                names.update(str(k) for k in value)
+    if isinstance(engine_metrics, Mapping):
+        names.update(str(k) for k in engine_metrics)
+    return sorted(names)
+
+
+def missing_key_hint(key: str | None, names: Sequence[str]) -> str:
+    """``" Did you mean 'accuracy'?"`` (else the names there are), for a key no metric has.
+
+    >>> missing_key_hint("acuracy", ["accuracy", "lr"])
+    " Did you mean 'accuracy'?"
+    >>> missing_key_hint("miou", ["accuracy", "lr"])
+    " The results have 'accuracy', 'lr'."
+    >>> missing_key_hint("acuracy", [])
+    ''
+    """
+    if not names:
+        return ""
+    close = difflib.get_close_matches(str(key), list(names), n=1, cutoff=0.6)
+    if close:
+        return f" Did you mean {close[0]!r}?"
+    return f" The results have {', '.join(map(repr, names))}."

@@ -19,6 +19,7 @@ import torch
 
 from hat_ignite.callbacks.checkpoint_files import NAME_HASH, scan_checkpoints
 from hat_ignite.callbacks.checkpoint_io import HASH_KEY, atomic_link, atomic_save
+from hat_ignite.regular_files import is_regular_file
 
 __all__ = ["saved_identity", "checkpoint_file", "reconcile"]
 
@@ -34,6 +35,8 @@ def saved_identity(path: str) -> tuple[str | None, int | None]:
     >>> saved_identity("no/such/file.pth.tar")
     (None, None)
     """
+    if not is_regular_file(path):  # a FIFO would block torch.load forever
+        return None, None
     try:
         saved = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception:  # noqa: BLE001 - missing, truncated or foreign: "holds nothing we know"

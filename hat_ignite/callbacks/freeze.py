@@ -7,10 +7,10 @@ What "freeze" means here, as in HAT:
   gradients (``requires_grad=False``, and any gradient already accumulated for the current
   update is dropped), so neither their weights nor their statistics change any more; the rest
   of the model trains on.
-* ``FreezeModule(only_batchnorm=True)``: only the BatchNorm layers inside the named modules go
-  to eval mode, so their running statistics stop changing; every parameter, BatchNorm's affine
-  weight and bias included, keeps a valid gradient and trains on ("only freeze batchnorm, with
-  valid gradient").
+* ``FreezeModule(only_batchnorm=True)``: the named modules go to eval mode as above (their
+  BatchNorm running statistics stop changing, their dropout is off, as HAT's ``module.eval()``
+  does), but every parameter, BatchNorm's affine weight and bias included, keeps a valid
+  gradient and trains on ("only freeze batchnorm, with valid gradient").
 * ``FreezeBNStatistics()``: every BatchNorm layer of the model in eval mode, at each epoch begin.
   The loop puts the model in train mode when it begins (also when it resumes), so this is the
   way to keep the statistics frozen from the first step of any run.
@@ -61,8 +61,8 @@ class FreezeModule(ModuleScheduleBase):
         modules: one list of sub-module names per entry, e.g. ``[["backbone"], ["neck"]]``.
         step_or_epoch: when each entry is frozen (``global_step_id`` or ``epoch_id``, 0-based).
         update_by: ``"step"`` or ``"epoch"``.
-        only_batchnorm: freeze only the BatchNorm statistics of those modules; their parameters
-            keep training.
+        only_batchnorm: put those modules in eval mode only (BatchNorm statistics and dropout
+            frozen, as HAT does); their parameters keep training.
 
     Example:
         >>> net = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2), nn.Linear(2, 1))
@@ -85,23 +85,24 @@ class FreezeModule(ModuleScheduleBase):
     def process(self, model: nn.Module, name: str) -> None:
         """Freeze the sub-module ``name`` of ``model`` in place."""
         module = get_submodule(unwrap_model(model), name, type(self).__name__)
-        if self.only_batchnorm:
-            freeze_batchnorm(module)
-            return
         module.eval()
+        if self.only_batchnorm:
+            return
         for p in module.parameters():
             p.requires_grad_(False)
             p.grad = None  # what was accumulated for the running update is not applied
 
-    def apply(self, loop: LoopBase, names: list[str]) -> None:
+    def apply(self, model: nn.Module, names: list[str], loop: LoopBase | None = None) -> None:
         for name in names:
-            self.process(loop.model, name)
+            self.process(model, name)
 
-    def on_epoch_begin(self, loop: LoopBase, epoch_id: int, **kwargs: Any) -> None:
+    def on_epoch_begin(self, epoch_id: int, model: nn.Module | None = None, loop: LoopBase | None = None,
+                       **kwargs: Any) -> None:
+        model = self._model(model, loop)
         for entry, done in zip(self.modules, self.done):  # keep earlier freezes in place
             if done:
-                self.apply(loop, entry)
-        super().on_epoch_begin(loop=loop, epoch_id=epoch_id, **kwargs)
+                self.apply(model, entry, loop)
+        super().on_epoch_begin(epoch_id=epoch_id, model=model, loop=loop, **kwargs)
 
     def __repr__(self) -> str:
         return f"{super().__repr__()[:-1]}, only_batchnorm={self.only_batchnorm})"

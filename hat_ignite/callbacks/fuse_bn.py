@@ -203,12 +203,16 @@ class FuseBN(ModuleScheduleBase):
         setattr(model.get_submodule(parent_name), attr, fused_copy)
         return pairs
 
-    def apply(self, loop: LoopBase, names: list[str]) -> None:
-        model = unwrap_model(loop.model)
+    def apply(self, model: nn.Module, names: list[str], loop: LoopBase | None = None) -> None:
+        """Fuse ``names`` in ``model``; with a running ``loop``, its optimizer and EMA model follow."""
+        model = unwrap_model(model)
         before = dict(model.named_parameters())
         pairs: list[tuple[str, str]] = []
         for name in names:
             pairs += self.process(model, name, self.inplace)
+        if loop is None:  # hooks called by hand, with only the model: nothing else to update
+            logger.info("FuseBN: fused %d layer+BatchNorm pair(s) in %s.", len(pairs), names)
+            return
         if loop.optimizer is not None:
             _sync_optimizer(loop.optimizer, before, dict(model.named_parameters()), pairs)
         if loop.ema_model is not None:

@@ -21,10 +21,10 @@ How, as HAT's callback works:
 Between a backward and the optimizer update the parameters' ``.grad`` are therefore zeros; a
 callback that reads gradients in ``on_backward_end`` must be placed before this one.
 
-Tasks: an entry with a task name applies only to the (sub-)batches of that task, i.e. dict
-batches holding the task name as a key (HAT's multitask loaders yield ``{task_name: batch}``)
-or whose ``"task_name"`` value equals it; an entry without one (or ``None``) applies to every
-batch.
+Tasks: an entry with a task name applies only to the (sub-)batches of that task, i.e. HAT's
+``task in batch``: a ``(batch, task)`` pair of that task (what ``MultitaskLoader(return_task=True)``
+yields), a dict batch holding the task name as a key (``{task_name: batch}``) or whose
+``"task_name"`` value equals it; an entry without one (or ``None``) applies to every batch.
 """
 
 from __future__ import annotations
@@ -47,6 +47,8 @@ logger = logging.getLogger(__name__)
 def _applies(task: str | None, batch: Any) -> bool:
     if not task:
         return True
+    if isinstance(batch, tuple) and len(batch) == 2 and isinstance(batch[1], str):  # a (batch, task) pair
+        return batch[1] == task
     return isinstance(batch, Mapping) and (task in batch or batch.get("task_name") == task)
 
 

@@ -97,6 +97,9 @@ class LrUpdaterBase(CallbackMixin):
     and :meth:`get_warmup_lr`.
     """
 
+    #: The param-group entry the schedule sets; the OptimParamUpdaters set another (``"betas"``...).
+    param_name: str = "lr"
+
     def __init__(
         self,
         update_by: str = "step",
@@ -213,7 +216,7 @@ class LrUpdaterBase(CallbackMixin):
                 )
             self._base_lrs = list(self._restored_base_lrs)
         else:
-            self._base_lrs = [float(group.setdefault("initial_lr", group["lr"])) for group in groups]
+            self._base_lrs = [self.initial_value(group) for group in groups]
         self.prepare()
         self._apply_next_step = True
 
@@ -246,16 +249,35 @@ class LrUpdaterBase(CallbackMixin):
 
     def _apply(self, optimizer: torch.optim.Optimizer, epoch_id: int, global_step_id: int) -> None:
         for group, base_lr in zip(optimizer.param_groups, self._base_lrs or ()):
-            group["lr"] = self.lr_at(base_lr, epoch_id, global_step_id)
+            self.set_value(group, self.lr_at(base_lr, epoch_id, global_step_id))
         self._apply_next_step = False
 
-    @staticmethod
-    def _log(optimizer: torch.optim.Optimizer, epoch_id: int, step_id: int, global_step_id: int) -> None:
+    # -- the scheduled entry of a param group (``"lr"`` here; any entry for the OptimParamUpdaters)
+    def initial_value(self, group: dict[str, Any]) -> float:
+        """The group's base value: its ``initial_<param_name>`` entry, set from the current value
+        (the first element of a tuple such as ``betas``) the first time."""
+        value = group[self.param_name]
+        first = value[0] if isinstance(value, (list, tuple)) else value
+        key = f"initial_{self.param_name}"
+        if key not in group:
+            group[key] = first
+        return float(group[key])
+
+    def set_value(self, group: dict[str, Any], value: float) -> None:
+        """Set the group's ``param_name`` entry (of a tuple, the first element) to ``value``."""
+        old = group[self.param_name]
+        group[self.param_name] = (value, *old[1:]) if isinstance(old, (list, tuple)) else value
+
+    def _log(self, optimizer: torch.optim.Optimizer, epoch_id: int, step_id: int, global_step_id: int) -> None:
         if logger.isEnabledFor(logging.INFO):
-            values = [f"{group['lr']:.6g}" for group in optimizer.param_groups]
+            name = self.param_name
+            values = [
+                f"{(v[0] if isinstance(v, (list, tuple)) else v):.6g}"
+                for v in (group[name] for group in optimizer.param_groups)
+            ]
             # one value when every group has it (groups differing only in weight decay ...)
-            lrs = values[0] if len(set(values)) == 1 else ", ".join(values)
-            logger.info("Epoch[%d] Step[%d] GlobalStep[%d] lr=%s", epoch_id, step_id, global_step_id, lrs)
+            shown = values[0] if len(set(values)) == 1 else ", ".join(values)
+            logger.info("Epoch[%d] Step[%d] GlobalStep[%d] %s=%s", epoch_id, step_id, global_step_id, name, shown)
 
     # -- state ---------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -6,7 +6,7 @@ across the run; both 0-based)::
     on_loop_begin   reset
     on_epoch_begin  reset                      if reset_metrics_by == "epoch"
     on_step_begin   reset                      if reset_metrics_by == "step"
-    on_batch_end    metric_update_func(metrics, batch, model_outs)   if filter_condition passes
+    on_batch_end    metric_update_func(metrics, batch, model_outs)   if filter_condition(batch)
     on_step_end     log                        if (step_id + 1) % step_log_freq == 0
                     reset                      if reset_metrics_by == "log" and just logged
                     store                      if (global_step_id + 1) % step_storage_freq == 0
@@ -90,12 +90,16 @@ class MetricUpdater(CallbackMixin):
 
     Args:
         metric_update_func: ``f(metrics, batch, model_outs)``: picks labels and predictions out of
-            the batch and the model outputs and updates the metrics.
+            the batch and the model outputs and updates the metrics; HAT's builders are
+            :func:`~hat_ignite.callbacks.metric_update_funcs.update_metric_using_regex` and
+            :func:`~hat_ignite.callbacks.metric_update_funcs.update_metric_using_index`.
         metrics: metric instances or configs (one, a list, or a dict). ``None`` uses the loop's
             ``train_metrics`` as each hook receives them; inside a ``Predictor`` (and so inside
             a Validation) those are the predictor's ``metrics``.
-        filter_condition: ``f(batch, model_outs) -> bool``; the metrics are updated only for
-            batches where it is true (e.g. one task's batches in multitask training).
+        filter_condition: ``f(batch) -> bool``, called with the (sub-)batch alone, as HAT
+            does; the metrics are updated only for batches where it is true (one task's
+            batches in multitask training: ``lambda x: x[1] == "task1"`` for the
+            ``(batch, task)`` pairs of ``MultitaskLoader(return_task=True)``).
         step_log_freq: log every ``step_log_freq`` steps of an epoch; ``< 1`` disables step logs.
         reset_metrics_by: ``"step"`` (each step's values stand alone), ``"log"`` (reset after
             each step log) or ``"epoch"`` (accumulate over the epoch).
@@ -132,7 +136,7 @@ class MetricUpdater(CallbackMixin):
         self,
         metric_update_func: Callable[[Any, Any, Any], Any],
         metrics: Sequence[Any] | Any = None,
-        filter_condition: Callable[[Any, Any], bool] | None = None,
+        filter_condition: Callable[[Any], bool] | None = None,
         step_log_freq: int = 1,
         reset_metrics_by: str = "epoch",
         epoch_log_freq: int = 1,
@@ -148,7 +152,7 @@ class MetricUpdater(CallbackMixin):
             )
         if filter_condition is not None and not callable(filter_condition):
             raise TypeError(
-                f"MetricUpdater: filter_condition must be None or callable as f(batch, model_outs), "
+                f"MetricUpdater: filter_condition must be None or callable as f(batch), "
                 f"got {type(filter_condition).__name__}."
             )
         if reset_metrics_by not in _RESET_BY:
@@ -218,6 +222,16 @@ class MetricUpdater(CallbackMixin):
         stored = storage.get(self.storage_key)
         storage[self.storage_key] = {**(stored if isinstance(stored, dict) else {}), **dict(pairs)}
 
+    @property
+    def final_values(self) -> dict[str, Any] | None:
+        """The values the latest run ended with (what its loop end stored), by metric name;
+        ``None`` before a run, or when the run never updated nor logged its metrics.
+
+        These are the metrics this updater really used (its own ``metrics=[...]``, or the loop's),
+        so ``hat-train`` reports them in ``metrics.json``.
+        """
+        return dict(self._last_pairs) if self._last_pairs is not None else None
+
     def overridden_hooks(self) -> list[str]:
         """The hooks to attach: the per-step/per-epoch reset hooks only for their reset mode, and
         ``on_step_end`` only when steps are logged or stored."""
@@ -245,7 +259,7 @@ class MetricUpdater(CallbackMixin):
             self._reset(train_metrics)
 
     def on_batch_end(self, batch: Any = None, model_outs: Any = None, train_metrics: Any = None, **kwargs: Any) -> None:
-        if self.filter_condition is not None and not self.filter_condition(batch, model_outs):
+        if self.filter_condition is not None and not self.filter_condition(batch):
             return
         self.metric_update_func(self._metrics(train_metrics), batch, model_outs)
         self._dirty = True

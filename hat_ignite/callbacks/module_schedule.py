@@ -83,8 +83,12 @@ class ModuleScheduleBase(CallbackMixin):
         self.update_by = update_by
         self.done = [False] * len(entries)
 
-    def apply(self, loop: LoopBase, names: list[str]) -> None:
-        """Act on the sub-modules ``names`` of ``loop.model``; subclasses implement it."""
+    def apply(self, model: nn.Module, names: list[str], loop: LoopBase | None = None) -> None:
+        """Act on the sub-modules ``names`` of ``model``; subclasses implement it.
+
+        ``loop`` is the running loop, or ``None`` when the hooks are called by hand (HAT's unit
+        tests, a :class:`~hat_ignite.engine.PipeBase` loop) with only the ``model`` keyword.
+        """
         raise NotImplementedError
 
     def check_model(self, model: nn.Module) -> None:
@@ -101,23 +105,33 @@ class ModuleScheduleBase(CallbackMixin):
             unused.discard("on_epoch_begin")  # a subclass wants epoch begins in either mode
         return [h for h in super().overridden_hooks() if h not in unused]
 
-    def _due(self, loop: LoopBase, now: int) -> None:
+    @staticmethod
+    def _model(model: nn.Module | None, loop: LoopBase | None) -> nn.Module:
+        if model is None:
+            if loop is None:
+                raise TypeError("the hook needs the model: pass model= (or loop=).")
+            return loop.model
+        return model
+
+    def _due(self, model: nn.Module, loop: LoopBase | None, now: int) -> None:
         for i, at in enumerate(self.step_or_epoch):
             if not self.done[i] and now >= at:
-                self.apply(loop, self.modules[i])
+                self.apply(model, self.modules[i], loop)
                 self.done[i] = True
 
     def on_loop_begin(self, model: nn.Module, **kwargs: Any) -> None:
         self.check_model(model)
         self.done = [False] * len(self.modules)
 
-    def on_epoch_begin(self, loop: LoopBase, epoch_id: int, **kwargs: Any) -> None:
+    def on_epoch_begin(self, epoch_id: int, model: nn.Module | None = None, loop: LoopBase | None = None,
+                       **kwargs: Any) -> None:
         if self.update_by == "epoch":
-            self._due(loop, epoch_id)
+            self._due(self._model(model, loop), loop, epoch_id)
 
-    def on_step_begin(self, loop: LoopBase, global_step_id: int, **kwargs: Any) -> None:
+    def on_step_begin(self, global_step_id: int, model: nn.Module | None = None, loop: LoopBase | None = None,
+                      **kwargs: Any) -> None:
         if self.update_by == "step":
-            self._due(loop, global_step_id)
+            self._due(self._model(model, loop), loop, global_step_id)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(modules={self.modules}, step_or_epoch={self.step_or_epoch}, update_by={self.update_by!r})"

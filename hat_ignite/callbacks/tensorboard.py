@@ -38,7 +38,8 @@ event written on the spot through tensorboardX's public ``EventsWriter`` (see
 over by then is on disk), every ``flush_secs`` and at the loop's end. A ``SummaryWriter`` (a
 second file, a queue and a logger thread) is made only when something writes through it: a
 ``tb_update_funcs`` function taking ``writer`` (or ``**kwargs``), or code reading
-:attr:`TensorBoard.writer` in a run. Names start with the creation time: name order is creation order.
+:attr:`TensorBoard.writer` in a run. Names start with the creation time: name order is creation order. Under ``hat-train`` they end
+with the stage (:attr:`TensorBoard.stage`), so stages sharing ``save_dir`` keep their own histories.
 
 Processes: only rank 0 writes. Metric ``get()`` may be a collective under ``torch.distributed``,
 so every rank computes the metric values at the same points and rank 0 writes them.
@@ -63,7 +64,7 @@ from hat_ignite.callbacks.tensorboard_history import prepare_save_dir, resume_st
 from hat_ignite.callbacks.tensorboard_scalars import StepScalars, summary_writer
 from hat_ignite.callbacks.tensorboard_values import call_style, loss_scalars, scalar_number
 from hat_ignite.metrics.base import metric_name_values
-from hat_ignite.visualize.event_file import EVENT_FILE_GLOB
+from hat_ignite.visualize.event_file import EVENT_FILE_GLOB, stage_suffix
 
 __all__ = ["TensorBoard", "EVENT_FILE_GLOB", "loss_scalars", "resume_step_of", "write_purge_marker"]
 
@@ -171,6 +172,11 @@ class TensorBoard(CallbackMixin):
         self._epoch_counts: dict[str, int] = {}
         self._last_outs: Any = None
         self._scalars: StepScalars | None = None  # the running loop's scalars file
+        #: The ``hat-train`` stage of the run (``hat-train`` sets it; ``None``: no stage). A stage's
+        #: event files end their names with it, and ``overwrite`` and a resume's purge concern that
+        #: stage's files only, so stages sharing ``save_dir`` (HAT's ``ckpt_dir/tensorboard``) keep
+        #: their own histories (see :func:`~hat_ignite.visualize.event_file.stage_suffix`).
+        self.stage: str | None = None
 
     # -- files -----------------------------------------------------------------------------
     @property
@@ -178,7 +184,7 @@ class TensorBoard(CallbackMixin):
         """The running loop's tensorboardX ``SummaryWriter`` (rank 0), made on first use; ``None``
         outside a run. Its events go to an event file of its own, beside the scalars file."""
         if self._writer is None and self._writing:
-            self._writer = summary_writer(self.save_dir, self.tb_writer_kwargs)
+            self._writer = summary_writer(self.save_dir, self.tb_writer_kwargs, stage_suffix(self.stage))
         return self._writer
 
     @property
@@ -188,12 +194,12 @@ class TensorBoard(CallbackMixin):
 
     def _open(self, resume_step: int | None = None) -> None:
         """Open the run's scalars file (after :func:`.tensorboard_history.prepare_save_dir`)."""
-        prepare_save_dir(self.save_dir, self.overwrite, resume_step)
+        prepare_save_dir(self.save_dir, self.overwrite, resume_step, self.stage)
         kwargs = self.tb_writer_kwargs
         self._writing = True
         if kwargs.get("write_to_disk", True):
-            self._scalars = StepScalars(self.save_dir, kwargs.get("flush_secs"), kwargs.get("filename_suffix") or "",
-                                        kwargs.get("purge_step"))
+            suffix = (kwargs.get("filename_suffix") or "") + stage_suffix(self.stage)
+            self._scalars = StepScalars(self.save_dir, kwargs.get("flush_secs"), suffix, kwargs.get("purge_step"))
 
     def close(self) -> None:
         """Close the run's event files now (the loop's end does it); a second call does nothing.

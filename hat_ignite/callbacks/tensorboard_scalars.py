@@ -159,17 +159,18 @@ class StepScalars:
             logger.debug("closing the TensorBoard scalars file at exit failed: %s", exc)
 
 
-def summary_writer(save_dir: str, writer_kwargs: dict[str, Any]) -> Any:
+def summary_writer(save_dir: str, writer_kwargs: dict[str, Any], name_end: str = "") -> Any:
     """A tensorboardX ``SummaryWriter`` on ``save_dir`` with the callback's ``writer_kwargs``.
 
     Its file is named after the time it is made (``filename_suffix`` ``.<nanoseconds>`` unless
     one is given), so it sorts after the run's scalars file and a resumed run's purge marker. A
     ``purge_step`` is left to the scalars file (a second marker would drop the run's own points).
+    ``name_end`` is added to the file's name last (a stage's files end with it).
     """
     from tensorboardX import SummaryWriter
 
     kwargs = {k: v for k, v in writer_kwargs.items() if k not in _SCALARS_ONLY}
     # tensorboardX names a file by the second and the host only: two writers made in the same
     # second would share a name. The suffix keeps them apart (and in the order they were made).
-    kwargs.setdefault("filename_suffix", f".{time.time_ns()}")
+    kwargs["filename_suffix"] = kwargs.get("filename_suffix", f".{time.time_ns()}") + name_end
     return SummaryWriter(logdir=save_dir, **kwargs)

@@ -33,7 +33,7 @@ from ignite.engine import Events
 
 from hat_ignite.callbacks.base import CallbackMixin
 from hat_ignite.callbacks.checkpoint_payload import unwrap_model
-from hat_ignite.engine.loop import build_if_config
+from hat_ignite.engine.loop import build_if_config, check_log_interval
 from hat_ignite.engine.predictor import Predictor
 
 __all__ = ["Validation", "MeanTeacherValidation", "STORAGE_KEY"]
@@ -76,7 +76,8 @@ class Validation(CallbackMixin):
             or the run stopped on request, e.g. on SIGTERM: the resumed run validates).
         profiler: a profiler passed to the validation predictor.
         share_callbacks: whether every loader shares ``callbacks``.
-        log_interval: the predictor logs its progress every ``log_interval`` steps (``0``: never).
+        log_interval: the predictor logs its progress after the steps whose ``step_id`` is a
+            multiple of it, as HAT does (a float too; ``0`` or less: never).
         use_ema_model: validate the loop's ``ema_model`` when it has one (default); ``False``
             validates the train model even then.
 
@@ -126,7 +127,7 @@ class Validation(CallbackMixin):
         val_on_train_end: bool = True,
         profiler: Any = None,
         share_callbacks: bool = True,
-        log_interval: int = 10,
+        log_interval: float = 10,
         use_ema_model: bool = True,
     ) -> None:
         name = type(self).__name__
@@ -135,8 +136,7 @@ class Validation(CallbackMixin):
         interval_by = (interval_by or "epoch").lower() if isinstance(interval_by, str) else interval_by
         if interval_by not in _INTERVAL_BY:
             raise ValueError(f"{name}: interval_by must be 'epoch' or 'step', got {interval_by!r}.")
-        if isinstance(log_interval, bool) or not isinstance(log_interval, int) or log_interval < 0:
-            raise ValueError(f"{name}: log_interval must be a non-negative integer, got {log_interval!r}.")
+        check_log_interval(log_interval, name)
         if callbacks is None or not isinstance(callbacks, (list, tuple)):
             raise TypeError(
                 f"{name}: callbacks must be a list (e.g. [MetricUpdater(...)], or [] for none), got "

@@ -10,7 +10,6 @@ import json
 import logging
 import math
 import os
-import shutil
 import sys
 import traceback
 from collections.abc import Mapping
@@ -21,6 +20,7 @@ from hat_ignite.cli.describe import describe_engine
 from hat_ignite.cli.write_errors import LogFile, log_file_failures
 from hat_ignite.config import Config
 from hat_ignite.errors import ConfigError, HatIgniteError
+from hat_ignite.regular_files import open_regular
 
 __all__ = [
     "CliError", "make_parser", "parse_arguments", "export_hat_environment", "use_hat_alias", "load_config",
@@ -251,7 +251,7 @@ def seed_everything(cfg: Config) -> None:
 
 
 class WorkDir:
-    """Creates the work dir late, and removes it again if this run created it and then failed.
+    """Creates the work dir late; a run that created it and then failed removes its empty folders.
 
     Args:
         path: the absolute work dir.
@@ -298,9 +298,23 @@ class WorkDir:
                 raise CliError(f"{exc.strerror or exc}. Check the free space and permissions of the work dir.") from exc
 
     def discard(self) -> None:
-        """Remove the directory if this run created it (anything inside is this run's)."""
-        if not self.existed and os.path.isdir(self.path):
-            shutil.rmtree(self.path, ignore_errors=True)
+        """Undo what this run made of a work dir it created: its empty directories, nothing else.
+
+        Building a stage creates directories (a checkpoint or TensorBoard folder), never files.
+        Another run may have taken the same new dir since this run started and written into
+        it, so files are never removed, and nothing at all while another run holds its lock.
+        """
+        if self.existed or not os.path.isdir(self.path):
+            return
+        from hat_ignite.cli.workdir_lock import held_by_another_run
+
+        if held_by_another_run(self.path):
+            return
+        for folder, _, _ in os.walk(self.path, topdown=False):
+            try:
+                os.rmdir(folder)  # fails on a folder that holds anything
+            except OSError:
+                pass
 
     def file(self, name: str) -> str:
         return os.path.join(self.path, name)
@@ -322,7 +336,7 @@ def write_metrics(path: str, key: str, record: Mapping[str, Any]) -> None:
     data: dict[str, Any] = {}
     if os.path.exists(path):
         try:
-            with open(path, encoding="utf-8") as f:
+            with open_regular(path) as f:
                 loaded = json.load(f)
             data = loaded if isinstance(loaded, dict) else {}
         except (OSError, ValueError) as exc:

@@ -1,9 +1,13 @@
-"""``hat-curves WORK_DIR [--out PNG]``: redraw a run's training curves.
+"""``hat-curves WORK_DIR [--stage STAGE] [--out PNG]``: redraw a run's training curves.
 
 Reads the TensorBoard event files under ``WORK_DIR`` (the ones the ``TensorBoard`` callback
 wrote; the most recently written directory when there are several) and draws the loss,
-learning rate and metrics into ``WORK_DIR/training_curves.png``, the same picture ``hat-train``
-leaves at the end of a run. See :mod:`hat_ignite.visualize.curves` for the panels.
+learning rate and metrics into ``WORK_DIR/training_curves.png`` (when the files are of several
+``hat-train`` stages, those of the latest stage, into ``WORK_DIR/STAGE_training_curves.png``).
+With ``--stage``, only the
+files that ``hat-train`` stage wrote are read, into ``WORK_DIR/STAGE_training_curves.png``: the
+picture ``hat-train`` leaves at the end of each stage, which stays that stage's own when several
+stages write into one TensorBoard directory. See :mod:`hat_ignite.visualize.curves` for the panels.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from typing import Any, Sequence
 
 from hat_ignite.cli.common import CliError, run_main, setup_logging
 
-__all__ = ["main", "write_run_curves"]
+__all__ = ["main", "label_stage", "write_run_curves"]
 
 logger = logging.getLogger("hat_ignite.cli.curves")
 
@@ -27,11 +31,30 @@ _WRITE_ERRNOS = (errno.ENOSPC, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EDQ
 DESCRIPTION = """Draw a run's training curves (loss, learning rate, metrics) into a PNG.
 
 WORK_DIR is the work dir of a run (or a TensorBoard save_dir, or one event file); the run must
-have had a TensorBoard callback. The PNG goes to WORK_DIR/training_curves.png unless --out is given."""
+have had a TensorBoard callback. The PNG goes to WORK_DIR/training_curves.png (with --stage,
+WORK_DIR/STAGE_training_curves.png) unless --out is given."""
 
 
-def write_run_curves(trainer: Any, work_dir: str) -> str | None:
-    """Draw ``<work_dir>/training_curves.png`` from the event files of ``trainer``'s TensorBoard callback.
+def _boards(trainer: Any) -> list[Any]:
+    from hat_ignite.callbacks.tensorboard import TensorBoard
+
+    return [cb for cb in getattr(trainer, "callbacks", []) if isinstance(cb, TensorBoard)]
+
+
+def label_stage(trainer: Any, stage: str) -> None:
+    """Tell ``trainer``'s ``TensorBoard`` callbacks the stage they write for.
+
+    Their event files then carry the stage in their names, so stages sharing a TensorBoard
+    directory (HAT's ``ckpt_dir/tensorboard``) keep their own histories and curves (see
+    :func:`hat_ignite.visualize.event_file.stage_suffix`).
+    """
+    for board in _boards(trainer):
+        board.stage = stage
+
+
+def write_run_curves(trainer: Any, work_dir: str, stage: str | None = None) -> str | None:
+    """Draw ``<work_dir>/<stage>_training_curves.png`` from the event files of ``trainer``'s
+    TensorBoard callback (those of ``stage``; ``training_curves.png`` and all files without one).
 
     Called by ``hat-train`` when a run ends (rank 0). A trainer without a ``TensorBoard``
     callback has nothing to draw; a failure to draw (no event file, no matplotlib) is logged as
@@ -46,20 +69,20 @@ def write_run_curves(trainer: Any, work_dir: str) -> str | None:
     """
     import ignite.distributed as idist
 
-    from hat_ignite.callbacks.tensorboard import TensorBoard
+    from hat_ignite.visualize.curves import curves_file, draw_training_curves
 
     if idist.get_rank() != 0:
         return None
-    boards = [cb for cb in getattr(trainer, "callbacks", []) if isinstance(cb, TensorBoard)]
+    name = curves_file(stage)
+    boards = _boards(trainer)
     if not boards:
-        logger.info("no TensorBoard callback in the trainer, so no training_curves.png")
+        logger.info("no TensorBoard callback in the trainer, so no %s", name)
         return None
-    from hat_ignite.visualize.curves import CURVES_FILE, draw_training_curves
-
-    path = os.path.join(work_dir, CURVES_FILE)
-    tmp = os.path.join(work_dir, f".tmp{os.getpid()}.{CURVES_FILE}")  # written whole, then renamed
+    path = os.path.join(work_dir, name)
+    tmp = os.path.join(work_dir, f".tmp{os.getpid()}.{name}")  # written whole, then renamed
+    title = f"{os.path.basename(os.path.abspath(work_dir))}: {stage}" if stage else None
     try:
-        curves = draw_training_curves(boards[0].save_dir, tmp)
+        curves = draw_training_curves(boards[0].save_dir, tmp, title=title, stage=stage)
         os.replace(tmp, path)
     except OSError as exc:
         _remove(tmp)
@@ -86,7 +109,11 @@ def _remove(path: str) -> None:
 def _curves(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="hat-curves", description=DESCRIPTION)
     parser.add_argument("work_dir", metavar="WORK_DIR", help="work dir of a run, a TensorBoard save_dir, or an event file")
-    parser.add_argument("--out", help="PNG to write (default: WORK_DIR/training_curves.png)")
+    parser.add_argument("--out", help="PNG to write (default: WORK_DIR/training_curves.png, or "
+                                      "WORK_DIR/STAGE_training_curves.png with --stage)")
+    parser.add_argument("--stage", "-s", help="draw only the event files this hat-train stage wrote (stages may "
+                                              "share a TensorBoard directory); default: all, or the latest stage's "
+                                              "when the files are of several stages")
     parser.add_argument("--debug", action="store_true", help="show tracebacks and debug log lines")
     args = parser.parse_args(argv)
     setup_logging(args.debug)
@@ -95,7 +122,7 @@ def _curves(argv: Sequence[str]) -> int:
     if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
         raise CliError(f"--out {args.out}: the directory {os.path.dirname(os.path.abspath(args.out))} does not exist.")
     try:
-        curves = draw_training_curves(args.work_dir, args.out)
+        curves = draw_training_curves(args.work_dir, args.out, stage=args.stage)
     except (FileNotFoundError, ValueError) as exc:
         raise CliError(str(exc)) from exc
     titles = ", ".join(panel.title for panel in curves.panels)

@@ -115,15 +115,17 @@ def _predict(argv: Sequence[str]) -> int:
         predictor.fit()
     except Exception as exc:
         raise CliError(f"predicting with {stage_key} failed: {type(exc).__name__}: {exc}") from exc
+    from hat_ignite.cli.results import updater_values
     from hat_ignite.metrics.base import metric_name_values
 
+    values = updater_values(predictor.callbacks)  # its MetricUpdaters' own metrics=[...], or the predictor's
     record = {
         "stage": args.stage,
         "config": cfg.filename,
         "checkpoint": os.path.abspath(ckpt) if ckpt else None,
         "steps": predictor.state.iteration,
         "seconds": round(time.perf_counter() - start, 3),
-        "metrics": dict(metric_name_values(predictor.metrics)),
+        "metrics": values if values is not None else dict(metric_name_values(predictor.metrics)),
     }
     write_metrics(work_dir.file("metrics.json"), f"{args.stage}_predict", record)
     logger.info("metrics %s -> %s", record["metrics"], work_dir.file("metrics.json"))

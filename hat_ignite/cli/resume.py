@@ -27,6 +27,8 @@ import weakref
 from collections.abc import Mapping
 from typing import Any, Callable, Sequence
 
+from hat_ignite.regular_files import open_regular
+
 __all__ = [
     "add_resume_argument", "apply_resume", "find_resume", "finished_run", "install_stop_signals", "resume_command",
     "saved_at", "stop_report",
@@ -124,7 +126,7 @@ def finished_run(trainer: Any, checkpoint: Mapping[str, Any], stage_cfg: Mapping
         return None
     path = os.path.join(work_path, "metrics.json")
     try:
-        with open(path, encoding="utf-8") as f:
+        with open_regular(path) as f:
             record = json.load(f).get(f"{stage}_train")
     except (OSError, ValueError, AttributeError):
         return None

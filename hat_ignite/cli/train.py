@@ -51,6 +51,7 @@ from hat_ignite.cli.common import (
     write_metrics,
 )
 
+from hat_ignite.cli.curves import label_stage
 from hat_ignite.cli.distributed import (
     add_distributed_arguments,
     device_ids_of,
@@ -107,9 +108,12 @@ def _attach_progress(trainer: Any) -> TerminalBar | None:
 
 
 def _metrics_record(trainer: Any, stage: str, config: str, seconds: float) -> dict[str, Any]:
-    from hat_ignite.metrics.base import metric_name_values
+    """What metrics.json records for the stage: its metrics are what its callbacks computed
+    (see :mod:`hat_ignite.cli.results`)."""
+    from hat_ignite.cli.results import stage_metrics
 
     state = trainer.state
+    train_values, val_values = stage_metrics(trainer)
     return {
         "stage": stage,
         "config": config,
@@ -117,8 +121,8 @@ def _metrics_record(trainer: Any, stage: str, config: str, seconds: float) -> di
         "steps": state.iteration,
         "seconds": round(seconds, 3),
         "last_loss": loss_value(state.losses),
-        "train_metrics": dict(metric_name_values(trainer.train_metrics)),
-        "val_metrics": dict(metric_name_values(trainer.val_metrics)),
+        "train_metrics": train_values,
+        "val_metrics": val_values,
         "best": _best_checkpoint(trainer),
     }
 
@@ -208,6 +212,7 @@ def _train(argv: Sequence[str]) -> int:
     if main_process:
         dump_config(cfg, work_dir.file(f"{args.stage}_train_config.py"))
     logger.info("config %s, stage %s, work dir %s", cfg.filename, stage_key, work_path)
+    label_stage(trainer, args.stage)  # stages sharing a TensorBoard directory keep their own histories
     bar = _attach_progress(trainer) if main_process else None
     if args.resume:
         apply_resume(trainer, args.resume, cfg[stage_key], work_path, found=found)
@@ -247,7 +252,7 @@ def _finish(trainer: Any, args: Any, argv: Sequence[str], cfg: Any, inputs: list
         return stop_report(trainer, signum, argv, work_path)
     from hat_ignite.cli.curves import write_run_curves
 
-    write_run_curves(trainer, work_path)
+    write_run_curves(trainer, work_path, args.stage)
     output = (record["best"] or {}).get("checkpoint") or cfg.get(f"{args.stage}_checkpoint")
     if main_process:
         record_lineage(

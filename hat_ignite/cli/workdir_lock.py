@@ -26,12 +26,17 @@ import json
 import logging
 import os
 import socket
+import stat
 import time
 from typing import Any
 
 from hat_ignite.errors import HatIgniteError
+from hat_ignite.regular_files import NotRegularFileError, open_regular
 
-__all__ = ["LOCK_FILE", "WorkDirBusyError", "WorkDirLock", "read_holder", "hold_work_dir", "release_held_locks"]
+__all__ = [
+    "LOCK_FILE", "WorkDirBusyError", "WorkDirLock", "read_holder", "held_by_another_run", "hold_work_dir",
+    "release_held_locks",
+]
 
 logger = logging.getLogger("hat_ignite.cli")
 
@@ -51,7 +56,7 @@ class WorkDirBusyError(HatIgniteError):
 def read_holder(path: str) -> dict[str, Any]:
     """The holder recorded in a lock file (``{}`` when it is empty or unreadable)."""
     try:
-        with open(path, encoding="utf-8") as f:
+        with open_regular(path) as f:  # a FIFO in its place must not block the run
             data = json.load(f)
     except (OSError, ValueError):
         return {}
@@ -98,9 +103,13 @@ class WorkDirLock:
         """
         for _ in range(20):  # another run may remove the file between our open and our lock
             try:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK, 0o644)
             except OSError as exc:
                 raise OSError(exc.errno, f"cannot create the work dir lock {self.path}: {exc.strerror}") from exc
+            mode = os.fstat(fd).st_mode
+            if not stat.S_ISREG(mode):
+                os.close(fd)
+                raise WorkDirBusyError(f"the work dir lock {NotRegularFileError(self.path, mode)}.")
             if not self._lock(fd):
                 os.close(fd)
                 raise self._busy(read_holder(self.path))
@@ -191,6 +200,31 @@ class WorkDirLock:
 
     def __exit__(self, *exc: Any) -> None:
         self.release()
+
+
+def held_by_another_run(work_dir: str) -> bool:
+    """Whether a run other than this process holds (or may hold) ``work_dir``'s lock.
+
+    True when the lock file names a live process on this host other than this one, a process on
+    another host (which cannot be checked from here), or is not a regular file; never takes the
+    lock itself, so it cannot make a starting run see the dir as busy.
+    """
+    path = os.path.join(os.path.abspath(work_dir), LOCK_FILE)
+    if not os.path.lexists(path):
+        return False
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return True  # a dangling link or an unreadable entry: not ours to judge
+    if not stat.S_ISREG(mode):
+        return True
+    holder = read_holder(path)
+    pid = holder.get("pid")
+    if not holder or pid == os.getpid():
+        return bool(not holder and os.path.getsize(path))  # an unreadable record: assume a holder
+    if holder.get("host") != socket.gethostname():
+        return True
+    return isinstance(pid, int) and _alive(pid)
 
 
 _HELD: list[WorkDirLock] = []  # the locks this process took with hold_work_dir, released at its end

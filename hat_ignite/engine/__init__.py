@@ -17,6 +17,7 @@ from hat_ignite.engine.processors import (
     collect_loss_by_index,
     collect_loss_by_regex,
 )
+from hat_ignite.engine.pipe import PipeBase
 from hat_ignite.engine.state import HOOK_KWARGS, EventStorage, HatState
 from hat_ignite.engine.task_sampler import TaskSampler
 from hat_ignite.engine.trainer import Trainer
@@ -41,4 +42,5 @@ __all__ = [
     "collect_loss_by_index",
     "collect_loss_by_regex",
     "loss_output",
+    "PipeBase",
 ]

@@ -153,9 +153,32 @@ def on_completed(engine: LoopBase) -> None:
     engine.fire_event(HatEvents.LOOP_END)
 
 
+def check_log_interval(log_interval: Any, owner: str) -> float:
+    """Check a loop's ``log_interval`` as HAT uses it: any real number (an int, or a float such as
+    HAT configs' ``calibration_step / 10``); ``0`` or less logs nothing.
+
+    >>> check_log_interval(2.5, "Calibrator")
+    2.5
+    >>> check_log_interval("10", "Trainer")
+    Traceback (most recent call last):
+    ...
+    TypeError: Trainer: log_interval must be a number (an int or a float; 0 or less: never log), got '10'.
+    """
+    if isinstance(log_interval, bool) or not isinstance(log_interval, (int, float)):
+        raise TypeError(
+            f"{owner}: log_interval must be a number (an int or a float; 0 or less: never log), got {log_interval!r}."
+        )
+    return log_interval
+
+
 def log_progress(engine: LoopBase) -> None:
+    """Log the step's ids and loss after the steps HAT logs: ``step_id % log_interval == 0``.
+
+    HAT's loop tests that expression (a float ``log_interval`` included) on the step id inside the
+    epoch, so each epoch's first step is logged.
+    """
     state = engine.state
-    if state.iteration % engine.log_interval:
+    if state.step_id % engine.log_interval != 0:
         return
     losses = state.losses
     text = ""

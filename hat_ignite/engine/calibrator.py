@@ -41,13 +41,14 @@ class Calibrator(LoopBase):
         device: ``None`` (CPU) or an int GPU id.
         model_convert_pipeline: converter(s) ``model -> model``; must leave observers in the model.
         num_steps: calibration steps (``None``: one pass over the loader; ``0``: only the loop
-            begin/end hooks).
+            begin/end hooks). More steps than the loader has batches run more epochs, as in HAT:
+            the loader starts a new pass, and the epoch hooks (a ``Validation`` or ``Checkpoint``
+            by epoch) fire at the end of each pass and of the last, partial one.
         callbacks: callbacks (or configs) attached in list order.
         val_metrics: metrics on validation data, passed to every hook.
         profiler: a profiler passed to every hook (see :class:`LoopBase`).
-        log_interval: log progress every ``log_interval`` steps (``0``: never).
-        cycle_data_loader: allow ``num_steps`` beyond one pass; the loader is then iterated
-            again from its start as often as needed.
+        log_interval: log progress after the steps whose ``step_id`` is a multiple of it, as HAT
+            does (a float too; ``0`` or less: never); see :class:`~hat_ignite.engine.loop.LoopBase`.
         auto_calibration: HAT's observer search (horizon_plugin_pytorch); only ``False`` is
             supported (``True`` raises ``NotImplementedError``). ``auto_calibration_config`` is
             then unused.
@@ -56,8 +57,8 @@ class Calibrator(LoopBase):
         compiler: compile the model (see :class:`~hat_ignite.engine.loop.LoopBase`).
 
     Raises:
-        ValueError: ``num_steps`` exceeds the loader's length without ``cycle_data_loader``, or
-            the batch processor updates gradients.
+        ValueError: the batch processor updates gradients, or ``num_steps`` is ``None`` with a
+            loader that has no length.
         QuantizationError: the converted model has no observers to calibrate.
 
     Example:
@@ -83,8 +84,7 @@ class Calibrator(LoopBase):
         callbacks: Sequence[Any] | None = None,
         val_metrics: Any = None,
         profiler: Any = None,
-        log_interval: int = 0,
-        cycle_data_loader: bool = False,
+        log_interval: float = 0,
         auto_calibration: bool = False,
         auto_calibration_config: dict | None = None,
         weight_reconstruction: bool = False,
@@ -116,13 +116,6 @@ class Calibrator(LoopBase):
                     f"num_steps must say how many batches to calibrate on."
                 )
             num_steps = length
-        if isinstance(num_steps, int) and length is not None and num_steps > length and not cycle_data_loader:
-            raise ValueError(
-                f"Calibrator: num_steps={num_steps} asks for more batches than the data_loader has "
-                f"({length} per pass). Lower num_steps to at most {length}, or set "
-                f"cycle_data_loader=True to iterate the loader again ({-(-num_steps // length)} passes)."
-            )
-        self.cycle_data_loader = bool(cycle_data_loader)
         super().__init__(
             model=model,
             data_loader=data_loader,

@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from torch import nn
 
-__all__ = ["Torch2Compile", "apply_compiler", "build_compiler", "is_compiled", "remove_compiled_forward"]
+__all__ = ["Torch2Compile", "TorchCompile", "apply_compiler", "build_compiler", "is_compiled", "remove_compiled_forward"]
 
 logger = logging.getLogger(__name__)
 
@@ -257,3 +257,37 @@ def apply_compiler(compiler: Callable[[nn.Module], nn.Module] | None, model: nn.
     if not isinstance(compiled, nn.Module):
         raise TypeError(f"{key} ({compiler!r}) returned a {type(compiled).__name__}, not a torch.nn.Module.")
     return compiled
+
+
+class TorchCompile(Torch2Compile):
+    """HAT's older compile converter: the whole model through TorchDynamo with one backend.
+
+    HAT's ``TorchCompile(compile_backend=..., load_extensions=...)`` predates ``torch.compile``
+    (it wraps the model with the standalone ``torchdynamo`` package). Here it is
+    :class:`Torch2Compile` with ``backend=compile_backend``: the model is compiled in place at its
+    first forward, keeping its class and ``state_dict`` names.
+
+    Args:
+        compile_backend: a TorchDynamo backend name (``"inductor"``, ``"eager"``, ``"aot_eager"``...)
+            or a backend callable ``(graph_module, example_inputs) -> callable``; ``None`` is
+            ``torch.compile``'s default, ``"inductor"``.
+        load_extensions: HAT's TensorRT FX extensions (``hat.utils.trt_fx_extension``), which
+            hat-ignite does not provide: only ``None`` is accepted.
+
+    Raises:
+        ValueError: ``load_extensions`` given.
+
+    >>> TorchCompile(compile_backend="eager")
+    Torch2Compile(backend='eager')
+    """
+
+    def __init__(self, compile_backend: str | Callable[..., Any] | None = None,
+                 load_extensions: str | Sequence[str] | None = None) -> None:
+        if load_extensions:
+            raise ValueError(
+                f"TorchCompile(load_extensions={load_extensions!r}): HAT's TensorRT FX extensions "
+                f"(hat.utils.trt_fx_extension) are not part of hat-ignite. Drop load_extensions; to use "
+                f"a backend of your own, register it with torch._dynamo.register_backend and pass its name "
+                f"(or the backend function) as compile_backend."
+            )
+        super().__init__(backend=compile_backend or "inductor")

@@ -17,6 +17,7 @@ import torch
 from ignite.engine import Engine, Events
 
 from hat_ignite.engine.bridge import (
+    check_log_interval,
     close_epoch,
     empty_loader_error,
     loader_length,
@@ -32,7 +33,7 @@ from hat_ignite.engine.events import HatEvents
 from hat_ignite.engine.resumable import ResumableLoopMixin
 from hat_ignite.engine.state import HatState
 
-__all__ = ["LoopBase", "build_if_config", "resolve_device"]
+__all__ = ["LoopBase", "build_if_config", "check_log_interval", "resolve_device"]
 
 logger = logging.getLogger(__name__)
 
@@ -143,7 +144,10 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
         profiler: ``None``, ``"simple"`` (a :class:`~hat_ignite.profiler.SimpleProfiler`), a
             profiler config or instance (e.g. a :class:`~hat_ignite.profiler.TorchProfiler`); it is
             attached to the loop and passed to every hook.
-        log_interval: log epoch/step and the loss every ``log_interval`` steps (``0``: never).
+        log_interval: log epoch/step and the loss after the steps whose ``step_id`` (inside the
+            epoch) is a multiple of ``log_interval``, as HAT picks them (``step_id % log_interval
+            == 0``): a float works as in HAT (HAT configs pass ``calibration_step / 10``); ``0`` or
+            less: never.
         compiler: compile the model (after ``model_convert_pipeline`` and the move to ``device``):
             a :class:`~hat_ignite.engine.compile.Torch2Compile` or its config
             (``dict(type="Torch2Compile", backend="inductor", mode=...)``), a dict of
@@ -182,7 +186,7 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
         train_metrics: Any = None,
         val_metrics: Any = None,
         profiler: Any = None,
-        log_interval: int = 0,
+        log_interval: float = 0,
         compiler: Any = None,
     ) -> None:
         batch_processor = build_if_config(batch_processor, "batch_processor")
@@ -211,8 +215,7 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
         for name, value in (("start_epoch", start_epoch), ("start_step", start_step)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
                 raise ValueError(f"{name} must be a non-negative integer, got {value!r}.")
-        if not isinstance(log_interval, int) or log_interval < 0:
-            raise ValueError(f"log_interval must be a non-negative integer, got {log_interval!r}.")
+        check_log_interval(log_interval, type(self).__name__)
         if resume_dataloader is not None and not isinstance(resume_dataloader, bool):
             raise TypeError(f"resume_dataloader must be None, True or False, got {resume_dataloader!r}.")
 
@@ -294,7 +297,7 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
             (Events.COMPLETED, on_completed),
         ):
             self.add_event_handler(event, bridge)
-        if log_interval:
+        if log_interval > 0:
             self.add_event_handler(HatEvents.STEP_END, log_progress)
 
         self.callbacks: list[Any] = []
@@ -356,6 +359,21 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
         )
 
     # -- running ---------------------------------------------------------------------------
+    def _position(self, iteration: int, length: int, limit: dict[str, Any]) -> None:
+        """Set Ignite's counters to ``iteration`` (a resume point or ``start_epoch``/``start_step``).
+
+        Ignite's ``load_state_dict`` also asks for every ``state_dict_user_keys`` entry; this is
+        no load of a user's state (those attributes stay on ``state`` as they are), so the keys
+        are set aside for the call.
+        """
+        user_keys = self.state_dict_user_keys
+        kept = list(user_keys)
+        user_keys.clear()
+        try:
+            Engine.load_state_dict(self, {"iteration": iteration, "epoch_length": length, **limit})
+        finally:
+            user_keys.extend(kept)
+
     def _nothing_to_run(self, start_epoch: int | None = None, start_step: int | None = None) -> bool:
         start_epoch = self.start_epoch if start_epoch is None else start_epoch
         start_step = self.start_step if start_step is None else start_step
@@ -426,7 +444,7 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
                     f"{length} steps per epoch, step {start_step} is in epoch "
                     f"{start_step // length}. Give one of them, or both consistent."
                 )
-            Engine.load_state_dict(self, {"iteration": iteration, "epoch_length": length, **limit})
+            self._position(iteration, length, limit)
             self.run(self._make_data(length, iteration))
         else:
             try:

@@ -42,7 +42,8 @@ class Predictor(LoopBase):
         metrics: metrics on the predicted data; hooks receive them as ``train_metrics`` (as in
             HAT) and as ``val_metrics``.
         profiler: a profiler passed to every hook.
-        log_interval: log progress every ``log_interval`` steps (``0``: never).
+        log_interval: log progress after the steps whose ``step_id`` is a multiple of it, as HAT
+            does (a float too; ``0`` or less: never); see :class:`~hat_ignite.engine.loop.LoopBase`.
         share_callbacks: whether all loaders share ``callbacks``.
         compiler: compile the model (see :class:`~hat_ignite.engine.loop.LoopBase`).
         **kwargs: other :class:`~hat_ignite.engine.loop.LoopBase` arguments, as HAT's
@@ -76,7 +77,7 @@ class Predictor(LoopBase):
         callbacks: Sequence[Any] | None = None,
         metrics: Any = None,
         profiler: Any = None,
-        log_interval: int = 0,
+        log_interval: float = 0,
         share_callbacks: bool = True,
         compiler: Any = None,
         **kwargs: Any,

@@ -126,6 +126,13 @@ class EventStorage(dict):
         """The storage itself (HAT's name for its key -> history mapping)."""
         return self
 
+    def __enter__(self) -> EventStorage:
+        """``with EventStorage() as storage:``, as HAT code writes it; the storage stays usable after."""
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        return None
+
 
 @functools.lru_cache(maxsize=None)
 def disabled_grad_scaler() -> Any:

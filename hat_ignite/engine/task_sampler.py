@@ -65,8 +65,9 @@ class TaskSampler:
             end of training).
         method: how a step's tasks are chosen:
 
-            * ``"sample_all"``: every task, every step (a task with factor ``k`` contributes
-              ``k`` batches per step);
+            * ``"sample_all"``: every task, every step (a task with factor ``k`` is named ``k``
+              times; a ``MultitaskLoader`` draws one batch of it per step, as HAT's does, and
+              makes the epoch ``k`` times its loader's length);
             * ``"sample_one"``: one task per step, round robin; a cycle holds each task
               ``sampling_factor`` times;
             * ``"sample_part"``: the task groups of ``unions`` in turn, e.g.
@@ -134,6 +135,11 @@ class TaskSampler:
     def tasks(self) -> list[str]:
         """The task names, in config order."""
         return list(self.task_config)
+
+    def fresh_copy(self) -> TaskSampler:
+        """A new sampler with this one's settings, at its start (position 0, generator seeded)."""
+        config = {name: {k: v for k, v in opts.items()} for name, opts in self.task_config.items()}
+        return TaskSampler(config, method=self.method, shuffle=self.shuffle, unions=self.unions, seed=self.seed)
 
     def is_parallel(self) -> bool:
         """Whether tasks are split across process groups (task parallelism): never, here."""

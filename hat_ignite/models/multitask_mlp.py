@@ -15,9 +15,10 @@ __all__ = ["MultiTaskMLP"]
 class MultiTaskMLP(nn.Module):
     """``trunk`` (shared MLP) followed by ``heads[task]`` (one linear classifier per task).
 
-    The input is a task-keyed batch ``{task_name: {"img": ..., "labels": ...}}`` as
-    :class:`~hat_ignite.data.multitask.MultitaskLoader` yields it; the model runs the head of
-    every task present. In training mode it returns ``(losses, logits)`` with
+    The input is either a task-keyed batch ``{task_name: {"img": ..., "labels": ...}}``
+    (:class:`~hat_ignite.data.multitask.MultitaskLoader`'s default), the model running the head
+    of every task present, or one task's batch and its name, ``model(batch, task_name)``, as a
+    ``MultitaskLoader(return_task=True)`` pair is passed. In training mode it returns ``(losses, logits)`` with
     ``losses = {f"{task}_loss": cross_entropy}`` and ``logits = {task: tensor}``; in eval mode
     the ``{task: logits}`` dict. Heads of tasks absent from a batch get no gradient in that step
     (DDP needs ``find_unused_parameters=True`` when a step may leave a task out).
@@ -37,6 +38,8 @@ class MultiTaskMLP(nn.Module):
         >>> sorted(losses), tuple(logits["parity"].shape)
         (['parity_loss'], (3, 2))
         >>> sorted(model.eval()(batch))
+        ['parity']
+        >>> sorted(model(batch["parity"], "parity"))   # a (batch, task) pair
         ['parity']
     """
 
@@ -63,8 +66,13 @@ class MultiTaskMLP(nn.Module):
         self.input_key = input_key
         self.label_key = label_key
 
-    def forward(self, batch: Mapping[str, Any]) -> Any:
-        """Run the head of every task in ``batch``; see the class docstring for the outputs."""
+    def forward(self, batch: Mapping[str, Any], task: str | None = None) -> Any:
+        """Run the head of every task in ``batch``, or of ``task`` on its batch; see the class docstring."""
+        if task is not None:
+            if task not in self.heads:
+                raise ValueError(f"MultiTaskMLP: no head for task {task!r}; the tasks are {sorted(self.heads)}.")
+            data = batch.get(task) if isinstance(batch, Mapping) else None  # a wrapped batch holds it by name
+            batch = {task: data if isinstance(data, Mapping) else batch}
         if not isinstance(batch, Mapping) or not any(task in self.heads for task in batch):
             keys = sorted(batch) if isinstance(batch, Mapping) else type(batch).__name__
             raise ValueError(

@@ -19,6 +19,7 @@ from torch import nn
 from hat_ignite.errors import CheckpointError
 from hat_ignite.quantization.capture import export_module, model_args
 from hat_ignite.quantization.torchao_import import import_torchao
+from hat_ignite.regular_files import open_regular
 
 __all__ = ["save_quantized_model", "load_quantized_model", "file_sha256", "tensor_bytes"]
 
@@ -35,7 +36,7 @@ def file_sha256(path: PathLike) -> str:
     'ba7816bf8f01cfea'
     """
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open_regular(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
@@ -54,6 +55,13 @@ def tensor_bytes(model: nn.Module) -> int:
             if isinstance(value, torch.Tensor):
                 seen[id(value)] = value.numel() * value.element_size()
     return sum(seen.values())
+
+
+def _umask() -> int:
+    """The process's file-creation mask (read by setting it and putting it back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def save_quantized_model(model: nn.Module, path: PathLike, example_inputs: Any) -> str:
@@ -85,6 +93,7 @@ def save_quantized_model(model: nn.Module, path: PathLike, example_inputs: Any) 
 
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp.pt2", dir=directory)
     os.close(fd)
+    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it private; the model file is like the others
     try:
         torch.export.save(program, tmp)
         with open(tmp, "rb+") as f:

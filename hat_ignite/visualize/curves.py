@@ -26,16 +26,32 @@ import math
 import os
 from typing import Any, NamedTuple, Union
 
-from hat_ignite.visualize.event_file import Scalars, event_files, find_event_dirs, read_scalars
+from hat_ignite.visualize.event_file import (
+    Scalars,
+    event_files,
+    file_stage,
+    find_event_dirs,
+    read_scalars,
+    stage_suffix,
+)
 
-__all__ = ["CURVES_FILE", "Panel", "Curves", "panels_of", "plot_scalars", "draw_training_curves"]
+__all__ = ["CURVES_FILE", "Panel", "Curves", "curves_file", "panels_of", "plot_scalars", "draw_training_curves"]
 
 logger = logging.getLogger(__name__)
 
 PathLike = Union[str, "os.PathLike[str]"]
 
-#: File name of the PNG ``hat-train`` and ``hat-curves`` write into the work dir.
+#: File name of the PNG ``hat-curves`` writes into the work dir (``hat-train``: see :func:`curves_file`).
 CURVES_FILE = "training_curves.png"
+
+
+def curves_file(stage: str | None = None) -> str:
+    """The PNG's file name for ``stage``: each stage of a work dir has its own.
+
+    >>> curves_file("float"), curves_file()
+    ('float_training_curves.png', 'training_curves.png')
+    """
+    return f"{stage}_{CURVES_FILE}" if stage else CURVES_FILE
 
 
 class Panel(NamedTuple):
@@ -46,11 +62,12 @@ class Panel(NamedTuple):
 
 
 class Curves(NamedTuple):
-    """What :func:`draw_training_curves` drew: the PNG's path, the panels and the source."""
+    """What :func:`draw_training_curves` drew: the PNG's path, the panels, the source and the title."""
 
     path: str
     panels: list[Panel]
     source: str
+    title: str = ""
 
 
 def panels_of(tags: Any) -> list[Panel]:
@@ -151,18 +168,19 @@ def plot_scalars(scalars: Scalars, path: PathLike, title: str = "") -> list[Pane
     return panels
 
 
-def _event_source(source: str) -> str:
+def _event_source(source: str, stage: str | None = None) -> str:
     """The event file or run directory to read for ``source`` (a work dir, a run dir or a file)."""
     if os.path.isfile(source):
         return source
     if not os.path.isdir(source):
         raise FileNotFoundError(f"{source} does not exist. Give the work dir of a run (or its TensorBoard save_dir).")
-    if event_files(source):
+    if event_files(source, stage):
         return source
-    dirs = find_event_dirs(source)
+    dirs = find_event_dirs(source, stage)
     if not dirs:
+        of_stage = f" of stage {stage!r} (*{stage_suffix(stage)})" if stage else ""
         raise FileNotFoundError(
-            f"{source} holds no TensorBoard event file (events.out.tfevents.*), so there are no curves "
+            f"{source} holds no TensorBoard event file{of_stage} (events.out.tfevents.*), so there are no curves "
             f"to draw. Add dict(type='TensorBoard', save_dir=os.path.join(work_dir, 'tensorboard')) to "
             f"the trainer's callbacks and train again."
         )
@@ -171,16 +189,34 @@ def _event_source(source: str) -> str:
     return dirs[-1]
 
 
-def draw_training_curves(source: PathLike, out: PathLike | None = None, title: str | None = None) -> Curves:
+def _latest_stage(directory: str) -> str | None:
+    """The stage of the newest event file in ``directory`` when it holds the files of several
+    ``hat-train`` stages (each stage's history is drawn alone), else ``None`` (all files)."""
+    stages = [file_stage(f) for f in event_files(directory)]
+    named = [s for s in stages if s is not None]
+    if len(set(named)) < 2:
+        return None
+    logger.info("%s holds the event files of stages %s; drawing the latest, %r (choose one with --stage)",
+                directory, ", ".join(sorted(set(named))), named[-1])
+    return named[-1]
+
+
+def draw_training_curves(
+    source: PathLike, out: PathLike | None = None, title: str | None = None, stage: str | None = None,
+) -> Curves:
     """Read a run's TensorBoard scalars and draw them into a PNG.
 
     Args:
         source: a work dir (searched for event files; the most recently written directory of
             them is used), a TensorBoard ``save_dir``, or one event file.
         out: the PNG to write; default ``<source>/training_curves.png`` (for a file source, next
-            to the file).
-        title: the figure's title; default the name of the directory the PNG is written to
-            (the run's work dir).
+            to the file; ``<stage>_training_curves.png`` with ``stage``).
+        title: the figure's title; default the run's name (:func:`run_name` of ``source``,
+            wherever ``out`` is), and the stage.
+        stage: draw only the event files of this ``hat-train`` stage (stages may share a
+            TensorBoard directory, see :func:`~hat_ignite.visualize.event_file.stage_suffix`);
+            ``None``: all of them, or, when they belong to several stages, those of the stage
+            written last.
 
     Returns:
         The PNG's path, the panels drawn and the event source read.
@@ -190,14 +226,33 @@ def draw_training_curves(source: PathLike, out: PathLike | None = None, title: s
         ValueError: the event files hold nothing to draw, or are corrupt.
     """
     source = os.path.abspath(os.fspath(source))
-    events = _event_source(source)
+    events = _event_source(source, stage)
+    if stage is None and os.path.isdir(events):
+        stage = _latest_stage(events)
     if out is None:
-        out = os.path.join(source if os.path.isdir(source) else os.path.dirname(source), CURVES_FILE)
-    scalars = read_scalars(events)
+        out = os.path.join(source if os.path.isdir(source) else os.path.dirname(source), curves_file(stage))
+    scalars = read_scalars(events, stage)
     try:
         if title is None:
-            title = os.path.basename(os.path.dirname(os.path.abspath(os.fspath(out))))
+            title = f"{run_name(source)}: {stage}" if stage else run_name(source)
         panels = plot_scalars(scalars, out, title=title)
     except ValueError as exc:
         raise ValueError(f"{events}: {exc}") from exc
-    return Curves(os.path.abspath(os.fspath(out)), panels, events)
+    return Curves(os.path.abspath(os.fspath(out)), panels, events, title)
+
+
+def run_name(source: PathLike) -> str:
+    """The run a source of event files belongs to: its work dir's name.
+
+    ``source`` is a work dir, a TensorBoard ``save_dir`` inside one (HAT's ``ckpt_dir/tensorboard``)
+    or an event file; wherever the PNG is written, the title names the run.
+
+    >>> run_name("/runs/digits_mlp"), run_name("/runs/digits_mlp/tensorboard")
+    ('digits_mlp', 'digits_mlp')
+    """
+    folder = os.path.abspath(os.fspath(source))
+    if os.path.isfile(folder) or ".tfevents." in os.path.basename(folder):
+        folder = os.path.dirname(folder)
+    if os.path.basename(folder) in ("tensorboard", "tb", "logs"):
+        folder = os.path.dirname(folder)
+    return os.path.basename(folder)

@@ -32,7 +32,12 @@ import os
 import struct
 from typing import Any, Iterator, Union
 
-__all__ = ["EVENT_FILE_GLOB", "Scalars", "find_event_dirs", "event_files", "iter_events", "read_scalars"]
+from hat_ignite.regular_files import open_regular
+
+__all__ = [
+    "EVENT_FILE_GLOB", "Scalars", "file_stage", "find_event_dirs", "event_files", "iter_events", "read_scalars",
+    "stage_suffix",
+]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -53,20 +58,54 @@ def _masked_crc(data: bytes) -> int:
     return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
-def event_files(directory: PathLike) -> list[str]:
-    """The event files directly inside ``directory``, in name (= creation) order."""
-    return sorted(glob.glob(os.path.join(glob.escape(os.fspath(directory)), EVENT_FILE_GLOB)))
+def stage_suffix(stage: str | None) -> str:
+    """The end of the names of the event files a stage writes (``""`` for no stage).
+
+    ``hat-train`` tells the ``TensorBoard`` callback its stage, and the callback ends its event
+    files' names with this, so stages sharing a ``save_dir`` (HAT's ``ckpt_dir/tensorboard``)
+    keep their own histories: :func:`read_scalars` with ``stage`` reads that stage's files only.
+
+    >>> stage_suffix("calibration"), stage_suffix(None)
+    ('.stage-calibration', '')
+    """
+    if not stage:
+        return ""
+    return ".stage-" + "".join(c if c.isalnum() or c in "-_" else "_" for c in str(stage))
 
 
-def find_event_dirs(root: PathLike) -> list[str]:
-    """Directories at or under ``root`` that hold event files, the most recently written last.
+def file_stage(path: PathLike) -> str | None:
+    """The stage an event file was written for (see :func:`stage_suffix`), or ``None``.
+
+    >>> file_stage("tb/events.out.tfevents.1700000000.host.17000000001.stage-qat")
+    'qat'
+    >>> file_stage("tb/events.out.tfevents.1700000000.host") is None
+    True
+    """
+    name = os.path.basename(os.fspath(path))
+    head, sep, stage = name.rpartition(".stage-")
+    return stage if sep and head.startswith("events.out.tfevents.") and stage else None
+
+
+def event_files(directory: PathLike, stage: str | None = None) -> list[str]:
+    """The event files directly inside ``directory``, in name (= creation) order; with ``stage``,
+    only the files that stage wrote (see :func:`stage_suffix`)."""
+    files = sorted(glob.glob(os.path.join(glob.escape(os.fspath(directory)), EVENT_FILE_GLOB)))
+    suffix = stage_suffix(stage)
+    return [f for f in files if f.endswith(suffix)] if suffix else files
+
+
+def find_event_dirs(root: PathLike, stage: str | None = None) -> list[str]:
+    """Directories at or under ``root`` that hold event files (of ``stage``, when given), the most
+    recently written last.
 
     >>> find_event_dirs("no/such/dir")
     []
     """
     found: dict[str, float] = {}
+    suffix = stage_suffix(stage)
     for directory, _dirs, files in os.walk(os.fspath(root)):
-        times = [os.path.getmtime(os.path.join(directory, f)) for f in files if f.startswith("events.out.tfevents.")]
+        times = [os.path.getmtime(os.path.join(directory, f)) for f in files
+                 if f.startswith("events.out.tfevents.") and f.endswith(suffix)]
         if times:
             found[directory] = max(times)
     return sorted(found, key=lambda d: (found[d], d))
@@ -82,7 +121,7 @@ def iter_events(path: PathLike) -> Iterator[Any]:
     from tensorboardX.proto.event_pb2 import Event
 
     path = os.fspath(path)
-    with open(path, "rb") as f:
+    with open_regular(path, "rb") as f:
         data = f.read()
     offset = 0
     while offset + _HEADER.size <= len(data):
@@ -137,11 +176,13 @@ def _purge(series: dict[str, dict[int, float]], step: int) -> None:
             del points[old]
 
 
-def read_scalars(path: PathLike) -> Scalars:
+def read_scalars(path: PathLike, stage: str | None = None) -> Scalars:
     """The scalar series in an event file, or in all event files of a directory (one run).
 
     Args:
         path: an event file, or a directory holding event files.
+        stage: read only the directory's files of this ``hat-train`` stage (see
+            :func:`stage_suffix`); ``None``: all of them.
 
     Returns:
         ``{tag: [(step, value), ...]}``, steps ascending, one value per step (the latest written).
@@ -152,10 +193,11 @@ def read_scalars(path: PathLike) -> Scalars:
     """
     path = os.fspath(path)
     if os.path.isdir(path):
-        files = event_files(path)
+        files = event_files(path, stage)
         if not files:
+            of_stage = f" of stage {stage!r} (*{stage_suffix(stage)})" if stage else ""
             raise FileNotFoundError(
-                f"{os.path.abspath(path)} holds no TensorBoard event file ({EVENT_FILE_GLOB}). Give the "
+                f"{os.path.abspath(path)} holds no TensorBoard event file{of_stage} ({EVENT_FILE_GLOB}). Give the "
                 f"TensorBoard callback's save_dir, or add TensorBoard(save_dir=...) to the trainer's callbacks."
             )
     elif os.path.isfile(path):

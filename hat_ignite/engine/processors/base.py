@@ -297,8 +297,8 @@ class BatchProcessorMixin(ABC):
                 f"outputs of step {state.iteration - 1} (got {losses!r}). Check that the model "
                 f"returns its losses in training mode and that the collector's index or regex matches."
             )
-        # A fused optimizer: the loss is checked on the device with the gradients (nothing is
-        # read). Otherwise a CPU scalar is read for free, so check before the backward; on an
+        # The guard on the device (a fused optimizer, or policy "raise"): the loss is checked on the
+        # device with the gradients (nothing is read). Otherwise a CPU scalar is read for free, so check before the backward; on an
         # accelerator the read waits for the device: check once the backward is queued, still
         # before BACKWARD_END and the update (docs/engine.md, "Non-finite losses and gradients").
         total, check_after_backward = loss, self.check_finite_loss
@@ -394,7 +394,7 @@ class BatchProcessorMixin(ABC):
         guard = self.nonfinite
         flags = None
         if self.check_finite_loss and guard.on_device(engine.optimizer, scaler):
-            flags = guard.check_on_device(engine)  # the optimizer skips itself when a flag is set
+            flags = guard.check_on_device(engine)  # a fused optimizer skips itself when a flag is set
         elif not guard.allow_update(engine, scaler):
             return  # nonfinite_policy="skip": this update is dropped (counted and logged)
         phases = engine.phase_profiler
@@ -403,7 +403,7 @@ class BatchProcessorMixin(ABC):
         if self.grad_clipper is not None:  # after unscale_, once per update
             engine.state.grad_norm = self.grad_clipper(engine.optimizer, scaler)
         if flags is not None:
-            flags.step(engine.optimizer)
+            flags.step(engine.optimizer, skip=guard.skips_on_device)
         elif scaler is not None:
             scaler.step(engine.optimizer)
             scaler.update()

@@ -9,7 +9,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-__all__ = ["collect_loss_by_index", "collect_loss_by_regex", "flatten_outputs"]
+__all__ = ["collect_loss_by_index", "collect_loss_by_regex", "flatten_outputs", "to_flat_ordered_dict"]
 
 
 def collect_loss_by_index(indexes: int | Sequence[int]) -> Callable[[Any], list]:
@@ -92,12 +92,63 @@ def flatten_outputs(outputs: Any, prefix: str = "") -> "OrderedDict[str, Any]":
     return flat
 
 
-def collect_loss_by_regex(loss_name_pattern: str) -> Callable[[Any], list]:
-    """Flatten the model outputs to dotted keys and collect the tensors whose key matches.
+def _is_namedtuple(obj: Any) -> bool:
+    return isinstance(obj, tuple) and hasattr(obj, "_fields") and hasattr(obj, "_asdict")
+
+
+def to_flat_ordered_dict(
+    obj: Any, key_prefix: str = "", flat_condition: Callable[[str, Any], bool] | None = None,
+) -> "OrderedDict[str, Any]":
+    """Flatten nested dicts, namedtuples, lists and tuples into ``{key: leaf}``, keys as HAT makes them.
+
+    A key joins the path with ``_``: dict keys and namedtuple field names as they are, list and
+    tuple positions as numbers (``{"a": [x]}`` -> ``"a_0"``). HAT's regex loss collectors and
+    metric update functions match their patterns against these keys, so a HAT model's
+    ``OrderedOutput(task1_toy_ToyLoss=...)`` inside a tuple is ``"0_task1_toy_ToyLoss"``.
 
     Args:
-        loss_name_pattern: a :mod:`re` pattern, e.g. ``'^.*loss.*'``, matched with
-            ``re.match`` against each flattened key (``"head.cls_loss"``, ``"losses.0"``).
+        obj: the object to flatten.
+        key_prefix: put in front of every key (joined with ``_``).
+        flat_condition: ``f(key, value) -> bool``; a value for which it is false is kept whole
+            under its key instead of being flattened.
+
+    Example:
+        >>> obj = dict(a=[dict(c=1)], d=(2, 3))
+        >>> to_flat_ordered_dict(obj, key_prefix="test")
+        OrderedDict([('test_a_0_c', 1), ('test_d_0', 2), ('test_d_1', 3)])
+        >>> to_flat_ordered_dict(obj, flat_condition=lambda k, v: not isinstance(v, tuple))
+        OrderedDict([('a_0_c', 1), ('d', (2, 3))])
+    """
+    if not isinstance(key_prefix, str):
+        raise TypeError(f"to_flat_ordered_dict: key_prefix must be a str, got {type(key_prefix).__name__}.")
+    flat: OrderedDict[str, Any] = OrderedDict()
+    if flat_condition is not None and not flat_condition(key_prefix, obj):
+        flat[key_prefix] = obj
+        return flat
+    if isinstance(obj, dict):
+        items: Any = obj.items()
+    elif _is_namedtuple(obj):
+        items = zip(obj._fields, obj)
+    elif isinstance(obj, (list, tuple)):
+        items = enumerate(obj)
+    else:
+        flat[key_prefix] = obj
+        return flat
+    for key, value in items:
+        name = f"{key_prefix}_{key}" if key_prefix != "" else str(key)
+        flat.update(to_flat_ordered_dict(value, name, flat_condition))
+    return flat
+
+
+def collect_loss_by_regex(loss_name_pattern: str) -> Callable[[Any], list]:
+    """Flatten the model outputs (:func:`to_flat_ordered_dict` keys) and collect the matching losses.
+
+    The pattern is matched with ``re.match``, ignoring case (as HAT: ``'^.*loss.*'`` finds
+    ``"0_task1_toy_ToyLoss"``). A matching key whose value is ``None`` is skipped; one whose value
+    is not a tensor, or no match at all, is an error naming the keys.
+
+    Args:
+        loss_name_pattern: a :mod:`re` pattern, e.g. ``'^.*loss.*'``.
 
     Returns:
         ``collector(model_outs) -> list[Tensor]`` in the outputs' order.
@@ -106,20 +157,34 @@ def collect_loss_by_regex(loss_name_pattern: str) -> Callable[[Any], list]:
         >>> model_outs = dict(
         ...     toy_loss_1=torch.tensor(1.0),
         ...     toy_predict=torch.tensor(2.0),
-        ...     toy_loss_2=torch.tensor(3.0),
+        ...     toy_Loss_2=torch.tensor(3.0),
         ... )
         >>> collector = collect_loss_by_regex('^.*loss.*')
         >>> collector(model_outs)
         [tensor(1.), tensor(3.)]
     """
     try:
-        pattern = re.compile(loss_name_pattern)
+        pattern = re.compile(loss_name_pattern, re.IGNORECASE)
     except re.error as exc:
         raise ValueError(f"collect_loss_by_regex: {loss_name_pattern!r} is not a valid regex: {exc}.") from exc
 
     def collector(model_outs: Any) -> list:
-        return [
-            v for k, v in flatten_outputs(model_outs).items() if isinstance(v, torch.Tensor) and pattern.match(k)
-        ]
+        flat = to_flat_ordered_dict(model_outs)
+        losses = []
+        for key, value in flat.items():
+            if value is None or not pattern.match(key):
+                continue
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(
+                    f"collect_loss_by_regex({loss_name_pattern!r}): the model output {key!r} matches but is a "
+                    f"{type(value).__name__}, not a tensor. Narrow the pattern."
+                )
+            losses.append(value)
+        if not losses:
+            raise ValueError(
+                f"collect_loss_by_regex({loss_name_pattern!r}): no model output matches; the outputs "
+                f"are {list(flat)}. Change the pattern (matched with re.match, ignoring case)."
+            )
+        return losses
 
     return collector

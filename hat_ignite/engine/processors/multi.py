@@ -19,7 +19,9 @@ class MultiBatchProcessor(BatchProcessorMixin):
 
     A **tuple** batch holds several batches (``(batch_task1, batch_task2, ...)``, e.g. one per
     task of a multitask model, or several chunks of a batch too big for memory); anything else
-    (a dict, a list, a tensor) is one batch. For each batch the processor fires ``BATCH_BEGIN``,
+    (a dict, a list, a tensor) is one batch. A sub-batch that is a ``(batch, task_name)`` pair
+    (``MultitaskLoader(return_task=True)``) is passed to the model as ``model(batch, task_name)``,
+    and the batch transforms apply to its ``batch`` only. For each batch the processor fires ``BATCH_BEGIN``,
     ``FORWARD_BEGIN``, ``FORWARD_END``, ``BACKWARD_BEGIN`` and ``BACKWARD_END`` (training) and
     ``BATCH_END`` with ``batch_idx``; the gradients are zeroed before the first batch and the
     optimizer steps once after the last batch's ``BATCH_END`` (``OPTIMIZER_STEP_BEGIN`` first),
@@ -84,6 +86,13 @@ class MultiBatchProcessor(BatchProcessorMixin):
         )
         self.delay_sync = delay_sync
         self.empty_cache = empty_cache
+
+    def _prepare_batch(self, engine: LoopBase, batch: Any) -> Any:
+        """As the base class, but a ``(batch, task)`` pair keeps its task name: the batch
+        transforms see the batch alone, as in HAT."""
+        if isinstance(batch, tuple) and len(batch) == 2 and isinstance(batch[1], str):
+            return (super()._prepare_batch(engine, batch[0]), batch[1])
+        return super()._prepare_batch(engine, batch)
 
     def _maybe_empty_cache(self, engine: LoopBase) -> None:
         if self.empty_cache and engine.torch_device.type == "cuda":

@@ -2,13 +2,16 @@
 
 :class:`NonFiniteGuard` works in one of two ways, chosen per optimizer (:meth:`NonFiniteGuard.on_device`):
 
-* **on the device** for optimizers that skip an update themselves on a ``found_inf`` flag
-  (``fused=True``), without an enabled ``GradScaler``: each backward's loss is kept
+* **on the device** without an enabled ``GradScaler``, for optimizers that skip an update
+  themselves on a ``found_inf`` flag (``fused=True``) under either policy, and for every other
+  optimizer under ``policy="raise"``: each backward's loss is kept
   (:meth:`NonFiniteGuard.note_loss`), the update's flags are set on the device
-  (:meth:`NonFiniteGuard.check_on_device`), the optimizer skips on them, and they are read a step
-  or more later (:meth:`NonFiniteGuard.after_step`, :meth:`NonFiniteGuard.flush`), see
-  :mod:`~hat_ignite.engine.processors.nonfinite_device`. No host read per step.
-* **blocking** otherwise: :meth:`NonFiniteGuard.check_loss` reads the loss after it is collected
+  (:meth:`NonFiniteGuard.check_on_device`), a fused optimizer skips on them, and they are read a
+  step or more later (:meth:`NonFiniteGuard.after_step`, :meth:`NonFiniteGuard.flush`), see
+  :mod:`~hat_ignite.engine.processors.nonfinite_device`. No host read per step. An optimizer that
+  cannot skip (plain ``SGD``, ``AdamW``) applies the bad update in memory; the run raises when the
+  flags are read, and every checkpoint write and stop reads them first, so nothing of it is saved.
+* **blocking** otherwise (``policy="skip"`` with an optimizer that cannot skip, or a GradScaler): :meth:`NonFiniteGuard.check_loss` reads the loss after it is collected
   (before the backward on the CPU, right after it on an accelerator) and
   :meth:`NonFiniteGuard.allow_update` the gradients' flag right before the optimizer step (unless a
   ``GradScaler`` is active, which finds and skips fp16 overflow itself: its normal work, not an
@@ -233,6 +236,8 @@ class NonFiniteGuard:
         self._losses: list[torch.Tensor] = []  # the update's detached total losses (on-device mode)
         self._mode_for: tuple[Any, Any] = (None, None)  # (optimizer, scaler) the mode was chosen for
         self._on_device = False
+        #: Whether the optimizer skips an update itself on the device flag (``fused=True``).
+        self.skips_on_device = False
 
     # -- on-device mode: no host read per step ------------------------------------------------
     def on_device(self, optimizer: Any, scaler: Any) -> bool:
@@ -246,14 +251,24 @@ class NonFiniteGuard:
             return self._on_device
         self._mode_for = (optimizer, scaler)
         scaled = scaler is not None and scaler.is_enabled()
-        self._on_device = bool(getattr(optimizer, "_step_supports_amp_scaling", False)) and not scaled
+        self.skips_on_device = bool(getattr(optimizer, "_step_supports_amp_scaling", False))
+        self._on_device = not scaled and (self.skips_on_device or self.policy == "raise")
+        name = type(optimizer).__name__
         if not self._on_device:
             why = ("a GradScaler steps the optimizer" if scaled else
-                   f"{type(optimizer).__name__} cannot skip an update on the device (no fused=True)")
+                   f"nonfinite_policy='skip' needs the optimizer to skip an update, and {name} cannot "
+                   f"skip one on the device (no fused=True)")
             logger.info(
-                "NaN/Inf guard: %s, so the loss%s is checked with a blocking host read at every step. "
+                "NaN/Inf guard: %s, so the %s checked with a blocking host read at every step. "
                 "A fused optimizer (e.g. torch.optim.SGD(..., fused=True)) without GradScaler is checked "
-                "on the device instead.", why, "" if scaled or not self.check_grad else " and gradients",
+                "on the device instead.", why, "loss is" if scaled or not self.check_grad else "loss and gradients are",
+            )
+        elif not self.skips_on_device:
+            logger.info(
+                "NaN/Inf guard: checked on the device and read a step or more later (no host read per "
+                "step). %s cannot skip an update on the device (no fused=True), so a non-finite step's "
+                "update reaches the parameters in memory before the run stops naming that step; no "
+                "checkpoint is written after it.", name,
             )
         return self._on_device
 
@@ -283,19 +298,19 @@ class NonFiniteGuard:
             state = engine.state
             where = (state.epoch - 1, getattr(state, "step_id", state.iteration - 1), state.iteration - 1,
                      getattr(state, "batch_idx", 0))
-            flags.record(where, state.losses)
-        for where, loss_bad, _, losses in flags.ready(final):
-            self._report(engine, where, loss_bad, losses)
+            flags.record(where, (state.losses, getattr(state, "sub_model_outs", None)))  # names the losses
+        for where, loss_bad, _, (losses, model_outs) in flags.ready(final):
+            self._report(engine, where, loss_bad, losses, model_outs)
 
     def flush(self, engine: LoopBase) -> None:
         """Read every pending flag (waiting for the device): the end of an epoch or of the run."""
         if self.device_flags is not None and self.device_flags.pending():
             self.after_step(engine, final=True)
 
-    def _report(self, engine: LoopBase, where_ids: tuple, loss_bad: bool, losses: Any) -> None:
+    def _report(self, engine: LoopBase, where_ids: tuple, loss_bad: bool, losses: Any, model_outs: Any) -> None:
         epoch_id, step_id, global_step_id, batch_idx = where_ids
         where = f"epoch_id={epoch_id}, step_id={step_id}, global_step_id={global_step_id}, batch_idx={batch_idx}"
-        what = describe_losses(losses)
+        what = describe_losses(losses, model_outs)
         if loss_bad and losses is not None and _all_finite(losses):
             what = f"on another rank (this rank's: {what})"
         kind = "loss" if loss_bad else "gradient"
@@ -307,11 +322,17 @@ class NonFiniteGuard:
             return
         self.device_flags, self._losses = None, []  # a later run starts with clear flags
         detail = f": {what}" if loss_bad else f" (losses: {what})"
+        if self.skips_on_device:
+            outcome = ("The optimizer skipped the update of that step and of every later one on the "
+                       "device, so the parameters are those of the step before it.")
+        else:
+            outcome = (f"{type(engine.optimizer).__name__} cannot skip an update on the device, so the "
+                       f"parameters in memory hold that step's update (do not save them); no checkpoint "
+                       f"was written after it: resume from the last one.")
         raise NonFiniteLossError(
-            f"Non-finite {kind} at {where}{detail}. The optimizer skipped the update of that step and of "
-            f"every later one on the device, so the parameters are those of the step before it. Lower "
-            f"the learning rate, check the data, clip gradients, or set nonfinite_policy='skip' on the "
-            f"batch processor to drop such steps."
+            f"Non-finite {kind} at {where}{detail}. {outcome} Lower the learning rate, check the data, "
+            f"clip gradients, set nonfinite_policy='skip' on the batch processor to drop such steps, or "
+            f"check_finite_loss=False to train on regardless."
         )
 
     def check_loss(self, engine: LoopBase, loss: torch.Tensor, losses: Any, model_outs: Any, batch_idx: int) -> None:

@@ -1,8 +1,10 @@
 """The NaN/Inf guard without a host-device sync: a flag on the device, read a step or more later.
 
-Used by :class:`~hat_ignite.engine.processors.nonfinite.NonFiniteGuard` when the optimizer can
-skip its own update on the device (``_step_supports_amp_scaling``: torch's ``fused=True`` SGD,
-Adam, AdamW, Adagrad) and no enabled ``GradScaler`` steps it. Per update:
+Used by :class:`~hat_ignite.engine.processors.nonfinite.NonFiniteGuard` when no enabled
+``GradScaler`` steps the optimizer and either the optimizer can skip its own update on the device
+(``_step_supports_amp_scaling``: torch's ``fused=True`` SGD, Adam, AdamW, Adagrad) or the policy
+is ``"raise"`` (then a plain optimizer steps as usual, step 2 below does not skip, and the flags
+only name the step that went wrong). Per update:
 
 1. :meth:`DeviceFlags.check` sets ``flags = [loss_bad, any_bad]`` on the device with torch's
    fused finite check (the one ``GradScaler`` runs, with a factor of exactly 1, which leaves the
@@ -91,8 +93,15 @@ class DeviceFlags:
             work = torch.distributed.all_reduce(self.flags, op=torch.distributed.ReduceOp.MAX, async_op=True)
             work.wait()  # NCCL: the compute stream waits for the reduction, the host does not
 
-    def step(self, optimizer: torch.optim.Optimizer) -> None:
-        """``optimizer.step()`` told to skip itself on the device when ``any_bad`` is set."""
+    def step(self, optimizer: torch.optim.Optimizer, skip: bool = True) -> None:
+        """``optimizer.step()``, told to skip itself on the device when ``any_bad`` is set.
+
+        ``skip=False`` for an optimizer that takes no ``found_inf`` (a plain, non-fused one): it
+        steps as it is, and the flags only name the step when they are read.
+        """
+        if not skip:
+            optimizer.step()
+            return
         optimizer.found_inf = self.any_bad  # type: ignore[attr-defined]
         try:
             optimizer.step()
