@@ -93,14 +93,15 @@ class BatchProcessorMixin(ABC):
         [[2.0], [0.0]]
         """
         batches = list(batch) if self.splits_tuple_batches and isinstance(batch, tuple) else [batch]
-        out = []
-        for one in batches:
-            if self.transforms is not None:
-                one = self.transforms(one)
-            if self.enable_channels_last:
-                one = convert_channels_last(one, self.channels_last_keys)
-            out.append(one)
-        return out
+        return [self._transform_batch(one) for one in batches]
+
+    def _transform_batch(self, batch: Any) -> Any:
+        """Batch transforms and ``channels_last``, as a step applies them after the device move."""
+        if self.transforms is not None:
+            batch = self.transforms(batch)
+        if self.enable_channels_last:
+            batch = convert_channels_last(batch, self.channels_last_keys)
+        return batch
 
     # -- shared setup ---------------------------------------------------------------------
     def _setup(

@@ -94,6 +94,11 @@ class MultiBatchProcessor(BatchProcessorMixin):
             return (super()._prepare_batch(engine, batch[0]), batch[1])
         return super()._prepare_batch(engine, batch)
 
+    def _transform_batch(self, batch: Any) -> Any:
+        if isinstance(batch, tuple) and len(batch) == 2 and isinstance(batch[1], str):  # (batch, task)
+            return (super()._transform_batch(batch[0]), batch[1])
+        return super()._transform_batch(batch)
+
     def _maybe_empty_cache(self, engine: LoopBase) -> None:
         if self.empty_cache and engine.torch_device.type == "cuda":
             torch.cuda.empty_cache()
