@@ -16,6 +16,12 @@ class registered with ``hat.registry.OBJECT_REGISTRY`` is registered with
   ``sys.meta_path``, so a ``hat`` on ``sys.path`` wins even if it appears later.
 * Names hat-ignite does not provide (``hat.models.backbones.ResNet18``, ``hat.data...``) fail
   when imported, with a message naming the missing name and how to register one of your own.
+* It holds in every process the run starts. A forked process inherits the hook. A process
+  started with ``spawn`` or ``forkserver`` (DDP ranks, DataLoader workers with ``num_workers``
+  > 0 unpickling a dataset class whose module imports ``hat``) gets only the parent's
+  ``sys.path``: while the alias is installed, ``sys.path`` ends with the directory
+  :data:`ALIAS_PATH`, whose ``hat`` package installs the hook in that process and becomes the
+  same virtual package. It is never taken for a real HAT.
 
 Example:
     >>> source = install_hat_alias()
@@ -41,6 +47,7 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import os
 import sys
 import types
 from dataclasses import dataclass
@@ -48,9 +55,16 @@ from typing import Any, Mapping
 
 from hat_ignite.hat_alias_names import HAT_MODULES, HELPER_PREFIXES, MODEL_ZOO_PREFIXES
 
-__all__ = ["HatSource", "install_hat_alias", "uninstall_hat_alias", "hat_alias_installed"]
+__all__ = [
+    "HatSource", "install_hat_alias", "uninstall_hat_alias", "hat_alias_installed", "serve_as_virtual_hat",
+    "ALIAS_PATH",
+]
 
 _MARK = "__hat_ignite_alias__"
+
+#: The directory put on ``sys.path`` while the alias is installed: it holds only a ``hat``
+#: package that serves the alias in processes started with ``spawn`` / ``forkserver``.
+ALIAS_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hat_alias_path")
 
 
 @dataclass(frozen=True)
@@ -168,14 +182,27 @@ class _HatFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return None  # the default module object
 
     def exec_module(self, module: types.ModuleType) -> None:
-        name = module.__name__
-        exports = HAT_MODULES.get(name, {})
-        module.__path__ = []  # a package: its children are served by this finder too
-        module.__doc__ = f"hat-ignite's stand-in for HAT's {name} (see hat_ignite.hat_alias)."
-        setattr(module, "__all__", [n for n in exports if not n.startswith("_")])
-        setattr(module, _MARK, True)
-        setattr(module, "__getattr__", _module_getattr(module, exports))  # PEP 562 module __getattr__
-        setattr(module, "__dir__", lambda: sorted(set(module.__dict__) | set(exports)))
+        _make_virtual(module)
+
+
+def _make_virtual(module: types.ModuleType) -> None:
+    """Turn ``module`` into the virtual package of its ``hat.*`` name."""
+    name = module.__name__
+    exports = HAT_MODULES.get(name, {})
+    module.__path__ = []  # a package: its children are served by the finder
+    module.__doc__ = f"hat-ignite's stand-in for HAT's {name} (see hat_ignite.hat_alias)."
+    setattr(module, "__all__", [n for n in exports if not n.startswith("_")])
+    setattr(module, _MARK, True)
+    setattr(module, "__getattr__", _module_getattr(module, exports))  # PEP 562 module __getattr__
+    setattr(module, "__dir__", lambda: sorted(set(module.__dict__) | set(exports)))
+
+
+def serve_as_virtual_hat(name: str) -> None:
+    """Called by the ``hat`` package of :data:`ALIAS_PATH` while it is imported: install the
+    hook in this process and make that module the virtual ``hat``."""
+    if not hat_alias_installed():
+        sys.meta_path.append(_HatFinder())
+    _make_virtual(sys.modules[name])
 
 
 def hat_alias_installed() -> bool:
@@ -194,9 +221,13 @@ def _real_hat() -> str | None:
         spec = importlib.util.find_spec("hat")
     except (ImportError, ValueError):
         return None
-    if spec is None:
+    if spec is None or _is_alias_path(spec.origin):
         return None
     return spec.origin or ", ".join(spec.submodule_search_locations or []) or "hat"
+
+
+def _is_alias_path(origin: str | None) -> bool:
+    return origin is not None and os.path.abspath(origin).startswith(ALIAS_PATH + os.sep)
 
 
 def install_hat_alias() -> HatSource:
@@ -209,11 +240,14 @@ def install_hat_alias() -> HatSource:
         return HatSource(alias=False, where=real)
     if not hat_alias_installed():
         sys.meta_path.append(_HatFinder())
+    if ALIAS_PATH not in sys.path:
+        sys.path.append(ALIAS_PATH)  # last: any hat found earlier on the path is not shadowed
     return HatSource(alias=True, where="hat_ignite.hat_alias")
 
 
 def uninstall_hat_alias() -> None:
     """Remove the hook and the virtual ``hat.*`` modules imported so far (idempotent)."""
     sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _HatFinder)]
+    sys.path[:] = [p for p in sys.path if p != ALIAS_PATH]
     for name in [n for n, m in sys.modules.items() if (n == "hat" or n.startswith("hat.")) and getattr(m, _MARK, False)]:
         del sys.modules[name]

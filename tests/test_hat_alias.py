@@ -185,3 +185,49 @@ def test_hat_utilities_user_files_import(hat_alias, caplog):
     # HAT's build_from_cfg(registry, cfg) builds one level: nested dicts stay dicts
     built = build_from_cfg(OBJECT_REGISTRY, {"type": "collections.OrderedDict", "inner": {"type": "x"}})
     assert built == {"inner": {"type": "x"}}
+
+
+USER_DATASET = '''
+import torch
+
+from hat.registry import OBJECT_REGISTRY
+
+
+@OBJECT_REGISTRY.register
+class Squares(torch.utils.data.Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return torch.tensor(float(i * i))
+'''
+
+
+def test_the_alias_holds_in_dataloader_workers_of_every_start_method(tmp_path):
+    """A worker started with spawn or forkserver unpickles a dataset whose module imports ``hat``:
+    it gets the parent's sys.path (not its import hook), and ``import hat`` still finds the alias.
+    The alias's directory on sys.path is never taken for a real HAT."""
+    (tmp_path / "user_data.py").write_text(textwrap.dedent(USER_DATASET))
+    proc = _run_python(
+        """
+        import importlib.util, sys
+        import torch
+        from hat_ignite.hat_alias import ALIAS_PATH, install_hat_alias, uninstall_hat_alias
+
+        assert install_hat_alias().alias and sys.path[-1] == ALIAS_PATH
+        from hat_ignite.registry import build_from_cfg
+        import user_data  # registers Squares through hat.registry
+
+        dataset = build_from_cfg({"type": "Squares"})
+        for method in ("fork", "spawn", "forkserver"):
+            loader = torch.utils.data.DataLoader(dataset, batch_size=4, num_workers=2, multiprocessing_context=method)
+            print(method, sum(float(b.sum()) for b in loader))
+        assert importlib.util.find_spec("hat").origin.startswith(ALIAS_PATH)  # imported already: ours
+        uninstall_hat_alias()
+        assert ALIAS_PATH not in sys.path and importlib.util.find_spec("hat") is None
+        assert install_hat_alias().alias  # its own directory is not a real HAT
+        """,
+        str(tmp_path),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["fork", "140.0", "spawn", "140.0", "forkserver", "140.0"]

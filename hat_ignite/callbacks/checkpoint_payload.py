@@ -13,6 +13,10 @@ optimizer           ``optimizer.state_dict()`` or None
 optimizer_type      the optimizer's class name (``"SGD"``), checked when the state is resumed
 grad_scaler         the batch processor's ``GradScaler.state_dict()`` or None
 ema_state_dict      weights of ``loop.ema_model`` or None
+prepared_modules    the export record of each quantization-prepared module of the model (where
+                    it is, its stage, the structure, shapes and dtypes of its inputs), so that a
+                    stage without data prepares the model again (see
+                    :mod:`hat_ignite.quantization.record`); ``[]`` for a float model
 callbacks           ``{"ClassName": cb.state_dict()}`` for each stateful callback (a second
                     callback of the same class is ``"ClassName#1"``, and so on)
 progress            Ignite counters: ``epoch``, ``iteration`` (steps done), ``epoch_length``,
@@ -39,6 +43,7 @@ from torch import nn
 
 # The generator helpers live in the engine, which sets them at the right moment of a resume.
 from hat_ignite.engine.resume import rng_state, set_rng_state
+from hat_ignite.quantization.prepared import prepared_modules
 
 if TYPE_CHECKING:  # pragma: no cover
     from hat_ignite.engine.loop import LoopBase
@@ -148,6 +153,7 @@ def training_state(loop: LoopBase, epoch_id: int, global_step_id: int) -> dict[s
         "optimizer_type": type(loop.optimizer).__name__ if loop.optimizer is not None else None,
         "grad_scaler": scaler.state_dict() if callable(getattr(scaler, "state_dict", None)) else None,
         "ema_state_dict": plain_state_dict(loop.ema_model) if loop.ema_model is not None else None,
+        "prepared_modules": [m.export_record() for m in prepared_modules(unwrap_model(loop.model))],
         "callbacks": {key: cb.state_dict() for key, cb in stateful_callbacks(loop.callbacks)},
         "progress": {
             "epoch": int(state.epoch),

@@ -84,7 +84,9 @@ class DistributedDataParallelTrainer(Trainer):
             each step's tasks with it. Every rank draws the same tasks (the sampler is seeded).
         convert_submodule_list: names (``"backbone"``, ``"head.cls"``) of the submodules to wrap
             in DDP each on its own, instead of the whole model; the model then gets a ``no_sync()``
-            covering all of them.
+            covering all of them. After quantization preparation the names are the same; a name
+            lying inside a graph that was exported whole (no submodule of that name is left) wraps
+            that prepared graph instead.
         find_unused_parameters: passed to ``DistributedDataParallel``; keep ``True`` when a step
             may leave parameters unused (a multitask step without some task).
         assign_module_buffers: HAT's switch to re-read the module's buffers before DDP
@@ -178,23 +180,58 @@ class DistributedDataParallelTrainer(Trainer):
         )
         if not self.convert_submodule_list:
             return wrap(model)
-        wrappers = []
+        targets: list[str] = []
         for name in self.convert_submodule_list:
+            target = _submodule_to_wrap(model, name)
+            if target not in targets:
+                targets.append(target)
+        if "" in targets:  # a name inside a model exported whole: the whole model is one graph
+            return wrap(model)
+        targets = [t for t in targets if not any(t.startswith(f"{o}.") for o in targets)]  # outermost only
+        wrappers = []
+        for name in targets:
             parent_name, _, child = name.rpartition(".")
-            try:
-                parent = model.get_submodule(parent_name)
-                sub = parent.get_submodule(child)
-            except AttributeError as exc:
-                names = [n for n, _ in model.named_children()]
-                raise ValueError(
-                    f"DistributedDataParallelTrainer: convert_submodule_list names {name!r}, which the "
-                    f"model has not ({exc}). Its top-level submodules are {names}."
-                ) from None
-            wrapper = wrap(sub)
+            parent = model.get_submodule(parent_name)
+            wrapper = wrap(parent.get_submodule(child))
             setattr(parent, child, wrapper)
             wrappers.append(wrapper)
         model.no_sync = lambda: _no_sync_all(wrappers)  # type: ignore[assignment]
         return model
+
+
+def _submodule_to_wrap(model: nn.Module, name: str) -> str:
+    """The path of the module to wrap in DDP for the ``convert_submodule_list`` entry ``name``.
+
+    ``name`` itself, or, when quantization exported it inside a graph (a model converted whole
+    keeps no ``backbone`` attribute), the prepared module holding that graph: the name stays
+    addressable and its gradients are synchronised with the graph's.
+
+    Raises:
+        ValueError: the model has no such submodule.
+    """
+    try:
+        model.get_submodule(name)
+        return name
+    except AttributeError as exc:
+        error = exc
+    from hat_ignite.quantization.prepared import PreparedModule  # only models with prepared modules get here
+
+    holders = [
+        path for path, module in model.named_modules()
+        if isinstance(module, PreparedModule) and (not path or name == path or name.startswith(f"{path}."))
+    ]
+    if holders:
+        holder = max(holders, key=len)
+        logger.info(
+            "convert_submodule_list: %r was exported for quantization inside %s: wrapping that in DDP",
+            name, repr(holder) if holder else "the whole model's graph",
+        )
+        return holder
+    names = [n for n, _ in model.named_children()]
+    raise ValueError(
+        f"DistributedDataParallelTrainer: convert_submodule_list names {name!r}, which the "
+        f"model has not ({error}). Its top-level submodules are {names}."
+    ) from None
 
 
 class DataParallelTrainer(Trainer):

@@ -228,13 +228,12 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
         self.data_loader = build_if_config(data_loader, "data_loader")
         converters = [] if pipeline is None else pipeline if isinstance(pipeline, (list, tuple)) else [pipeline]
         if converters:
-            # converters without example inputs trace with this engine's first batch, so HAT's
-            # converter configs (which need none) work as written
-            from hat_ignite.quantization.capture import stage_examples
+            # converters without example inputs trace with this engine's first batch as the batch
+            # processor gives it to the model, so HAT's converter configs (which need none) work as written
+            from hat_ignite.quantization.examples import apply_converters, stage_examples
 
-            with stage_examples(self.data_loader):
-                for convert in converters:
-                    model = cast(torch.nn.Module, convert(model))  # a converter returns the converted model
+            with stage_examples(self.data_loader, batch_processor):
+                model = cast(torch.nn.Module, apply_converters(converters, model))  # returns the converted model
         self.model: torch.nn.Module = model.to(self.torch_device) if self.torch_device.type != "cpu" else model
         if compiler is not None and compiler is not False:
             from hat_ignite.engine.compile import apply_compiler, build_compiler  # only runs that compile

@@ -1,7 +1,8 @@
 """Graph capture for quantization: example batches, submodule inputs, and ``torch.export``.
 
 The converters export a model (or the submodules named in ``modules``) with the inputs they
-really receive on an example batch: the model runs once in eval mode, forward pre-hooks record
+really receive on an example batch (see :mod:`~hat_ignite.quantization.examples` for where it
+comes from): the model runs once in eval mode, forward pre-hooks record
 each target's arguments, and each target is exported with its batch dimension dynamic. When
 ``torch.export`` fails, :func:`export_module` looks for the innermost submodule that fails on its
 own and names it, with the source line torch reports, in a :class:`QuantizationError`.
@@ -12,9 +13,7 @@ from __future__ import annotations
 import inspect
 import logging
 import re
-from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -22,73 +21,11 @@ from torch import nn
 
 from hat_ignite.errors import QuantizationError
 
-__all__ = ["example_batch", "stage_examples", "model_args", "capture_inputs", "export_module"]
+__all__ = ["model_args", "capture_inputs", "export_module"]
 
 logger = logging.getLogger(__name__)
 
 Captured = tuple[tuple[Any, ...], dict[str, Any]]
-
-
-#: The loader a converter given neither ``example_inputs`` nor ``example_data_loader`` traces
-#: with: the data loader of the engine whose ``model_convert_pipeline`` runs (see
-#: :func:`stage_examples`).
-_STAGE_LOADER: ContextVar[Any] = ContextVar("hat_ignite_stage_example_loader", default=None)
-
-
-@contextmanager
-def stage_examples(data_loader: Any) -> Iterator[None]:
-    """Let converters run inside this block trace with ``data_loader``'s first batch by default.
-
-    HAT's converters need no example inputs; torch.export does. An engine runs its
-    ``model_convert_pipeline`` inside this block with its own data loader (a ``Predictor`` given
-    several: the first), so a HAT config's converters work as written. Converters given
-    ``example_inputs`` or ``example_data_loader`` use those.
-
-    Example:
-        >>> with stage_examples([torch.zeros(2, 3)]):
-        ...     tuple(example_batch(None, None, "Float2QAT").shape)
-        (2, 3)
-    """
-    token = _STAGE_LOADER.set(data_loader)
-    try:
-        yield
-    finally:
-        _STAGE_LOADER.reset(token)
-
-
-def example_batch(example_inputs: Any, example_data_loader: Any, who: str) -> Any:
-    """The batch to trace with: ``example_inputs``, else the first batch of ``example_data_loader``,
-    else the first batch of the running engine's data loader (:func:`stage_examples`).
-
-    Raises:
-        QuantizationError: none is given, or the loader yields nothing.
-    """
-    if example_inputs is not None:
-        return example_inputs
-    if example_data_loader is None:
-        example_data_loader = _STAGE_LOADER.get()
-        if example_data_loader is None:
-            raise QuantizationError(
-                f"{who}: give example_inputs (a batch as the batch processor passes it to the model) or "
-                f"example_data_loader (its first batch is used); torch.export needs real inputs to trace, "
-                f"and this engine has no data_loader to take a batch from."
-            )
-        logger.info("%s: tracing with the first batch of the engine's data_loader (no example_inputs given).", who)
-        with torch.random.fork_rng(devices=[]):  # a shuffling loader draws its order: leave the run's RNG alone
-            return _first_batch(example_data_loader, who)
-    return _first_batch(example_data_loader, who)
-
-
-def _first_batch(example_data_loader: Any, who: str) -> Any:
-    if isinstance(example_data_loader, Mapping) and "type" in example_data_loader:
-        from hat_ignite.registry import build_from_cfg
-
-        example_data_loader = build_from_cfg(example_data_loader, key_path=f"{who}.example_data_loader")
-    if not isinstance(example_data_loader, Iterable):
-        raise QuantizationError(f"{who}: example_data_loader is a {type(example_data_loader).__name__}, not an iterable of batches.")
-    for batch in example_data_loader:
-        return batch
-    raise QuantizationError(f"{who}: example_data_loader yielded no batch; give a non-empty loader or example_inputs.")
 
 
 def model_args(batch: Any) -> tuple[Any, ...]:
@@ -115,8 +52,9 @@ def _resolve(model: nn.Module, names: list[str], who: str) -> dict[str, nn.Modul
 
 
 @torch.no_grad()
-def capture_inputs(model: nn.Module, batch: Any, names: list[str], who: str) -> dict[str, Captured]:
-    """Run ``model`` in eval mode on ``batch`` and record the arguments each named submodule gets.
+def capture_inputs(model: nn.Module, batches: list[Any], names: list[str], who: str) -> dict[str, Captured]:
+    """Run ``model`` in eval mode on each of ``batches`` and record the arguments each named
+    submodule gets first.
 
     ``""`` names the model itself. The model's train/eval flags are restored afterwards.
 
@@ -134,7 +72,8 @@ def capture_inputs(model: nn.Module, batch: Any, names: list[str], who: str) -> 
     modes = {m: m.training for m in model.modules()}
     try:
         model.eval()
-        model(*model_args(batch))
+        for batch in batches:
+            model(*model_args(batch))
     except QuantizationError:
         raise
     except Exception as exc:

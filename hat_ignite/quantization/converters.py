@@ -28,8 +28,11 @@ from typing import TYPE_CHECKING, Any, Sequence
 from torch import nn
 
 from hat_ignite.errors import QuantizationError
-from hat_ignite.quantization.capture import capture_inputs, example_batch, export_module
+from hat_ignite.quantization.capture import Captured, capture_inputs, export_module
+from hat_ignite.quantization.examples import example_batches, later_checkpoints
 from hat_ignite.quantization.prepared import PreparedModule, prepared_modules
+from hat_ignite.quantization.record import make_inputs, prepared_record, read_records
+from hat_ignite.quantization.select import stable_modules
 from hat_ignite.quantization.qconfig import check_convert_mode, check_qat_mode
 from hat_ignite.quantization.torchao_import import import_torchao
 
@@ -119,7 +122,8 @@ class _Prepare:
             modules = [modules]
         self.example_inputs = example_inputs
         self.example_data_loader = example_data_loader
-        self.modules = list(modules) if modules else [""]
+        #: the dotted names given (``None``: chosen when the converter runs, see ``_targets``)
+        self.modules: list[str] | None = list(modules) if modules else None
         self.quantizer = quantizer
         self.reduce_range = reduce_range
 
@@ -137,11 +141,11 @@ class _Prepare:
         import_torchao()
         from torchao.quantization.pt2e.quantize_pt2e import prepare_qat_pt2e
 
-        fuse_bn = check_qat_mode(self.qat_mode, who) == "fuse_bn"
-        batch = example_batch(self.example_inputs, self.example_data_loader, who)
-        captured = capture_inputs(model, batch, self.modules, who)
+        qat_mode = check_qat_mode(self.qat_mode, who)
+        fuse_bn = qat_mode == "fuse_bn"
+        modules, captured = self._targets(model, who)
         quantizer = self.quantizer if self.quantizer is not None else default_quantizer(self.reduce_range)
-        for path in self.modules:
+        for path in modules:
             module = model.get_submodule(path) if path else model
             args, kwargs = captured[path]
             modes = {m: m.training for m in module.modules()}
@@ -163,7 +167,10 @@ class _Prepare:
                     f"{who}: the quantizer could not prepare {path or 'the model'!r} "
                     f"({type(module).__name__}): {type(exc).__name__}: {exc}"
                 ) from exc
-            prepared = PreparedModule(graph, self.stage, path, graph_training=not fuse_bn)
+            prepared = PreparedModule(
+                graph, self.stage, path, graph_training=not fuse_bn,
+                record=prepared_record(path, self.stage, qat_mode, args, kwargs),
+            )
             prepared.initialize_shapes(args, kwargs)
             prepared.train(module.training)
             model = _set_child(model, path, prepared)
@@ -173,9 +180,56 @@ class _Prepare:
             )
         return model
 
+    def _targets(self, model: nn.Module, who: str) -> tuple[list[str], dict[str, Captured]]:
+        """The modules to prepare and the inputs to export each with.
+
+        Modules: ``modules`` when given; else those recorded in the checkpoint a later
+        ``LoadCheckpoint`` of the pipeline loads (so the weights fit); else the model, or its
+        submodules that run alike in training and eval (:func:`~.select.stable_modules`). Inputs:
+        what they receive on the example batches; without any (an export-only stage), made from
+        the checkpoint's record.
+        """
+        batches = example_batches(self.example_inputs, self.example_data_loader, who, required=False)
+        given = self.modules is not None
+        found = None if batches and given else read_records(later_checkpoints())
+        if not batches and found is None:
+            raise QuantizationError(
+                f"{who}: give example_inputs (a batch as the model receives it) or example_data_loader (its "
+                f"first batch is used): torch.export needs real inputs to trace, this engine has no data_loader "
+                f"to take a batch from, and no LoadCheckpoint after {who} in the pipeline loads a checkpoint of "
+                f"the calibration or QAT stage (which records the inputs the export needs)."
+            )
+        if self.modules is not None:
+            modules = list(self.modules)
+        elif found is not None:
+            modules = sorted(found[1])
+            logger.info("%s: preparing %s, as in %s.", who, [m or "the model" for m in modules], found[0])
+        else:
+            modules = stable_modules(model, batches, who)
+        if found is not None and not batches:
+            return modules, {path: _recorded_inputs(found, path, who) for path in modules}
+        return modules, capture_inputs(model, batches, modules, who)
+
     def __repr__(self) -> str:
         extra = f", qat_mode={self.qat_mode!r}" if self.qat_mode is not None else ""
         return f"{type(self).__name__}(modules={self.modules!r}{extra})"
+
+
+def _recorded_inputs(found: tuple[str, dict[str, Any]], path: str, who: str) -> Captured:
+    checkpoint, records = found
+    record = records.get(path)
+    if record is None:
+        raise QuantizationError(
+            f"{who}: modules names {path!r}, but {checkpoint} holds prepared modules {sorted(records)}; "
+            f"name those (or leave modules out to prepare them)."
+        )
+    try:
+        return make_inputs(record["args"]), make_inputs(record["kwargs"])
+    except (KeyError, ValueError, TypeError, AttributeError) as exc:
+        raise QuantizationError(
+            f"{who}: the inputs {path or 'the model'!r} was exported with cannot be made again from the "
+            f"record in {checkpoint} ({exc}); give example_inputs."
+        ) from exc
 
 
 class Float2Calibration(_Prepare):
@@ -188,12 +242,18 @@ class Float2Calibration(_Prepare):
     runs fake-quantized, which is what validation measures.
 
     Args:
-        example_inputs: a batch exactly as the batch processor passes it (a list/tuple batch is
+        example_inputs: a batch exactly as the model receives it (a list/tuple batch is
             unpacked into the call, anything else passed whole).
-        example_data_loader: a loader (or its config) whose first batch is used instead.
-        modules: dotted names of the submodules to quantize (``None``: the whole model). Models
-            that compute their loss in ``forward`` (HAT's convention) name their network here and
-            keep the loss in float.
+        example_data_loader: a loader (or its config) whose first batch is used instead, after
+            the engine's batch transforms. Neither given: the engine's first batch, or in a stage
+            without data the inputs recorded in the checkpoint loaded after this converter (see
+            :mod:`~hat_ignite.quantization.examples`).
+        modules: dotted names of the submodules to quantize. ``None`` (HAT's configs): the
+            modules prepared in the checkpoint that a later ``LoadCheckpoint`` of the pipeline
+            loads, if it records any; else the whole model when it runs alike in training and
+            eval; else (a model computing its loss in ``forward``, HAT's convention) its outermost
+            submodules with weights that do, the rest (the loss) staying in float (see
+            :mod:`~hat_ignite.quantization.select`).
         quantizer: a torchao PT2E ``Quantizer`` (default :func:`default_quantizer`).
         reduce_range: use 7-bit activations (for CPUs without VNNI), default quantizer only.
         convert_mode: HAT's ``"eager"`` (default), ``"fx"``, ``"jit"`` or ``"jit-strip"``: each is
@@ -316,7 +376,8 @@ class QAT2Quantize:
             m.refresh_qparams()
             converted = convert_pt2e(m.graph)
             _drop_unused_weights(converted)
-            model = _replace(model, m, PreparedModule(converted, "quantized", m.qname, graph_training=False).eval())
+            quantized = PreparedModule(converted, "quantized", m.qname, graph_training=False, record=m.record)
+            model = _replace(model, m, quantized.eval())
         return model.eval()
 
     def __repr__(self) -> str:

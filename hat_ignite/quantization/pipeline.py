@@ -9,6 +9,7 @@ from typing import Any, Callable, Mapping, Sequence
 from torch import nn
 
 from hat_ignite.errors import QuantizationError
+from hat_ignite.quantization.examples import apply_converters
 from hat_ignite.quantization.prepared import prepared_modules
 from hat_ignite.quantization.qconfig import DEFAULT_QAT_MODE, check_qat_mode, parse_qconfig_params
 
@@ -49,7 +50,7 @@ class ModelConvertPipeline:
         ...     dict(type="Float2Calibration", example_inputs=torch.rand(2, 3)),
         ... ])
         >>> pipeline
-        ModelConvertPipeline(converters=[Float2Calibration(modules=[''])])
+        ModelConvertPipeline(converters=[Float2Calibration(modules=None)])
         >>> type(pipeline(torch.nn.Linear(3, 2))).__name__
         'PreparedModule'
     """
@@ -102,14 +103,15 @@ class ModelConvertPipeline:
         return conv
 
     def __call__(self, model: nn.Module) -> nn.Module:
-        for i, conv in enumerate(self.converters):
-            model = conv(model)
+        def check(i: int, conv: Any, model: Any) -> None:
             if not isinstance(model, nn.Module):
                 raise TypeError(
                     f"model_convert_pipeline.converters[{i}] ({conv!r}) returned a "
                     f"{type(model).__name__}; a converter must return the model."
                 )
             logger.debug("model_convert_pipeline: applied %r", conv)
+
+        model = apply_converters(self.converters, model, check)
         if self.averaging:
             for module in prepared_modules(model):
                 if module.stage != "quantized":

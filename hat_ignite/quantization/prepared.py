@@ -72,9 +72,13 @@ class PreparedModule(nn.Module):
         name: the submodule's path in the model (``""`` for the whole model), used in messages.
         graph_training: whether the graph's ops are in training form (as exported for
             ``prepare_qat_pt2e``); ``None`` if unknown.
+        record: what it was exported from (:func:`~hat_ignite.quantization.record.prepared_record`);
+            the ``Checkpoint`` callback saves it with the weights, so that a checkpoint says how to
+            prepare the model again without data.
     """
 
-    def __init__(self, graph: nn.Module, stage: str, name: str = "", graph_training: bool | None = None) -> None:
+    def __init__(self, graph: nn.Module, stage: str, name: str = "", graph_training: bool | None = None,
+                 record: dict[str, Any] | None = None) -> None:
         super().__init__()
         if stage not in STAGES:
             raise ValueError(f"PreparedModule(stage={stage!r}): use one of {STAGES}.")
@@ -89,6 +93,8 @@ class PreparedModule(nn.Module):
         self._graph_training = graph_training
         #: observer averaging constants per stage and kind (``qconfig_params``); see set_averaging
         self.averaging: dict[str, dict[str, float]] = {}
+        #: the export record checkpoints save (see :mod:`~hat_ignite.quantization.record`)
+        self.record: dict[str, Any] = dict(record or {}, path=name, stage=stage)
         self._default_averaging = [
             getattr(getattr(fq, "activation_post_process", None), "averaging_constant", None)
             for fq in self._fake_quantizers
@@ -209,6 +215,10 @@ class PreparedModule(nn.Module):
         """Set the mode flag only; the graph follows it at the next forward (see the module doc)."""
         self.training = bool(mode)
         return self
+
+    def export_record(self) -> dict[str, Any]:
+        """What this module was exported from, as checkpoints store it (see :mod:`~hat_ignite.quantization.record`)."""
+        return dict(self.record, path=self.qname, stage=self.stage)
 
     def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
         super()._load_from_state_dict(*args, **kwargs)

@@ -72,10 +72,36 @@ class BatchProcessorMixin(ABC):
 
     need_grad_update: bool
     grad_scaler: Any
+    #: Whether a tuple batch is several batches, each given to the model on its own (MultiBatchProcessor).
+    splits_tuple_batches = False
 
     @abstractmethod
     def __call__(self, engine: LoopBase, batch: Any) -> Any:
         """Process one step's batch on ``engine``; return the model outputs."""
+
+    def model_batches(self, batch: Any) -> list[Any]:
+        """The batches one step of ``batch`` gives the model, each as the model receives it.
+
+        A step of a :class:`MultiBatchProcessor` with a tuple batch gives one per item, any other
+        step one. Each has the batch transforms and ``channels_last`` applied, as in a step, but
+        stays where it is (no device move). Converters trace the model with them (see
+        :func:`hat_ignite.quantization.capture.stage_examples`).
+
+        >>> from hat_ignite.engine.processors import MultiBatchProcessor
+        >>> proc = MultiBatchProcessor(need_grad_update=False, batch_transforms=[lambda b: b * 2])
+        >>> [t.tolist() for t in proc.model_batches((torch.ones(1), torch.zeros(1)))]
+        [[2.0], [0.0]]
+        """
+        batches = list(batch) if self.splits_tuple_batches and isinstance(batch, tuple) else [batch]
+        return [self._transform_batch(one) for one in batches]
+
+    def _transform_batch(self, batch: Any) -> Any:
+        """Batch transforms and ``channels_last``, as a step applies them after the device move."""
+        if self.transforms is not None:
+            batch = self.transforms(batch)
+        if self.enable_channels_last:
+            batch = convert_channels_last(batch, self.channels_last_keys)
+        return batch
 
     # -- shared setup ---------------------------------------------------------------------
     def _setup(

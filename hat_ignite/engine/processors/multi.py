@@ -53,6 +53,8 @@ class MultiBatchProcessor(BatchProcessorMixin):
         clip_grad_value: see :class:`BasicBatchProcessor`.
     """
 
+    splits_tuple_batches = True
+
     def __init__(
         self,
         need_grad_update: bool,
@@ -91,6 +93,11 @@ class MultiBatchProcessor(BatchProcessorMixin):
         if isinstance(batch, tuple) and len(batch) == 2 and isinstance(batch[1], str):
             return (super()._prepare_batch(engine, batch[0]), batch[1])
         return super()._prepare_batch(engine, batch)
+
+    def _transform_batch(self, batch: Any) -> Any:
+        if isinstance(batch, tuple) and len(batch) == 2 and isinstance(batch[1], str):  # (batch, task)
+            return (super()._transform_batch(batch[0]), batch[1])
+        return super()._transform_batch(batch)
 
     def _maybe_empty_cache(self, engine: LoopBase) -> None:
         if self.empty_cache and engine.torch_device.type == "cuda":
