@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from hat_ignite.callbacks import Checkpoint
+from hat_ignite.callbacks import Checkpoint, SaveTraced
 from hat_ignite.callbacks.checkpoint_io import load_checkpoint
 from hat_ignite.callbacks.checkpoint_state import LoadCheckpoint
 from hat_ignite.engine import (
@@ -238,3 +238,61 @@ def test_convert_submodule_list_names_the_users_modules_after_qat_preparation(tm
         "whole DistributedDataParallel PreparedModule 2",
     ]
     assert "'backbone' was exported for quantization inside the whole model's graph: wrapping that in DDP" in proc.stderr
+
+
+class Classifier(nn.Module):
+    """HAT's Classifier shape: ``(preds, loss)`` in both modes while it has a loss, so it is exported
+    whole with its dict batch; the deploy model (``losses=None``) returns ``preds`` and only
+    glances at ``labels`` (``data.get``), as HAT's structures do."""
+
+    def __init__(self, losses: bool = True) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.backbone = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1, bias=False), nn.BatchNorm2d(4), nn.ReLU(),
+                                      nn.Flatten(), nn.Linear(4 * 64, 10))
+        self.losses = nn.CrossEntropyLoss() if losses else None
+
+    def forward(self, data):
+        preds = self.backbone(data["img"])
+        target = data.get("labels", None)
+        if self.losses is None:
+            return preds
+        return preds, self.losses(preds, target)
+
+
+def test_the_int_infer_deploy_model_takes_only_the_inputs_it_uses(tmp_path):
+    """HAT's int_infer stage builds deploy_model (losses=None) from the QAT checkpoint, whose record
+    holds the training batch ({img, labels}), and SaveTraced traces it with dict(img=...) alone:
+    the graph takes only ``img``, and a whole batch is still accepted."""
+    processor = BasicBatchProcessor(need_grad_update=True, batch_transforms=[to_float],
+                                    loss_collector=collect_loss_by_index(1))
+    qat = Trainer(
+        model=Classifier(), data_loader=DataLoader(images(), batch_size=8),
+        model_convert_pipeline=[Float2QAT(convert_mode="fx")], optimizer=dict(type="torch.optim.SGD", lr=0.01),
+        batch_processor=processor, device=None, num_epochs=1, callbacks=[Checkpoint(str(tmp_path), name_prefix="qat-")],
+    )
+    qat.fit()
+    (record,) = load_checkpoint(tmp_path / "qat-checkpoint-last.pth.tar")["prepared_modules"]
+    assert record["path"] == "" and [k for k, _ in record["args"]["tuple"][0]["dict"]] == ["img", "labels"]
+
+    deploy_inputs = dict(img=torch.randn(1, 1, 8, 8))
+    int_infer = Trainer(
+        model=Classifier(losses=False), data_loader=None, optimizer=None, batch_processor=None, num_epochs=0,
+        device=None,
+        model_convert_pipeline=dict(type="ModelConvertPipeline", qat_mode="fuse_bn", converters=[
+            dict(type="Float2QAT", convert_mode="fx"),
+            dict(type="LoadCheckpoint", checkpoint_path=str(tmp_path / "qat-checkpoint-last.pth.tar")),
+            dict(type="QAT2Quantize", convert_mode="fx"),
+        ]),
+        callbacks=[SaveTraced(save_dir=str(tmp_path), trace_inputs=deploy_inputs)],
+    )
+    int_infer.fit()
+    (prepared,) = prepared_modules(int_infer.model)
+    assert prepared.input_keys == [frozenset({"img"})]
+    traced = [p for p in tmp_path.iterdir() if p.suffix == ".pt" and "deploy" in p.name]
+    assert traced, sorted(p.name for p in tmp_path.iterdir())
+    batch = to_float(torch.utils.data.default_collate(images(4, seed=3)))
+    direct = QAT2Quantize()(qat.model).eval()
+    with torch.no_grad():
+        assert torch.equal(int_infer.model.eval()(batch), direct(batch)[0])  # the whole batch is accepted
+        assert torch.equal(torch.jit.load(str(traced[0]))(dict(img=batch["img"])), direct(batch)[0])

@@ -29,6 +29,7 @@ from torch import nn
 
 from hat_ignite.errors import QuantizationError
 from hat_ignite.quantization.capture import Captured, capture_inputs, export_module
+from hat_ignite.quantization.used_inputs import unused_entries, without_entries
 from hat_ignite.quantization.examples import example_batches, later_checkpoints
 from hat_ignite.quantization.prepared import PreparedModule, prepared_modules
 from hat_ignite.quantization.record import make_inputs, prepared_record, read_records
@@ -154,6 +155,12 @@ class _Prepare:
             module.train(not fuse_bn)
             try:
                 program = export_module(module, args, kwargs, path, who)
+                unused = unused_entries(program, args, kwargs)
+                if unused:  # e.g. a deploy model's "labels": the graph takes only what it uses
+                    logger.info("%s: %s does not use %s of its input; its graph takes the rest.", who,
+                                path or "the model", ", ".join(repr(k) for keys in unused.values() for k in keys))
+                    args = without_entries(args, unused)
+                    program = export_module(module, args, kwargs, path, who)
             finally:
                 for m, training in modes.items():
                     m.training = training
@@ -377,6 +384,7 @@ class QAT2Quantize:
             converted = convert_pt2e(m.graph)
             _drop_unused_weights(converted)
             quantized = PreparedModule(converted, "quantized", m.qname, graph_training=False, record=m.record)
+            quantized.input_keys = m.input_keys
             model = _replace(model, m, quantized.eval())
         return model.eval()
 

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from hat_ignite.errors import QuantizationError
+from hat_ignite.quantization.used_inputs import input_keys, keep_keys
 from hat_ignite.quantization.torchao_import import import_torchao
 
 __all__ = ["STAGES", "PreparedModule", "prepared_modules", "observing"]
@@ -95,6 +96,9 @@ class PreparedModule(nn.Module):
         self.averaging: dict[str, dict[str, float]] = {}
         #: the export record checkpoints save (see :mod:`~hat_ignite.quantization.record`)
         self.record: dict[str, Any] = dict(record or {}, path=name, stage=stage)
+        #: the keys of each dict input the graph takes (set from the example inputs), see
+        #: :mod:`~hat_ignite.quantization.used_inputs`; ``None``: inputs are passed as they are
+        self.input_keys: list[frozenset | None] | None = None
         self._default_averaging = [
             getattr(getattr(fq, "activation_post_process", None), "averaging_constant", None)
             for fq in self._fake_quantizers
@@ -190,7 +194,9 @@ class PreparedModule(nn.Module):
         first data seen. Here only those observers record (fake quantization off, every other
         observer off), so a checkpoint of a calibrated or QAT model loads into a model prepared
         again from the same example inputs, shape for shape. Returns how many were initialised.
+        The keys of ``args``' dicts become :attr:`input_keys`.
         """
+        self.input_keys = input_keys(args)
         pending = []
         for fq in self._fake_quantizers:
             min_val = getattr(getattr(fq, "activation_post_process", None), "min_val", None)
@@ -226,6 +232,8 @@ class PreparedModule(nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         self._apply_switches()
+        if self.input_keys is not None:  # a dict input may hold entries the graph does not take
+            args = keep_keys(args, self.input_keys)
         return self.graph(*args, **kwargs)
 
     def extra_repr(self) -> str:
