@@ -363,3 +363,25 @@ def test_an_optimizer_dict_with_a_model_config_shares_the_built_model():
     assert [p for g in built["optimizer"].param_groups for p in g["params"]] == list(built["model"].parameters())
     with pytest.raises(ConfigError, match=r"optimizer\.model: an optimizer's model must be a torch\.nn\.Module"):
         build_from_cfg({"type": "torch.optim.SGD", "lr": 0.1, "model": 3}, key_path="optimizer")
+
+
+def test_hats_trainer_config_with_the_model_dict_shared_by_its_optimizer_trains_that_model():
+    # HAT's trainer tests write trainer_cfg["optimizer"]["model"] = trainer_cfg["model"] (one dict
+    # object, kept shared by copy.deepcopy): the optimizer must update the trainer's own model.
+    import copy
+
+    from torch.utils.data import DataLoader, Subset
+
+    from hat_ignite.data.digits import DigitsDataset
+
+    cfg = _trainer_cfg({"type": torch.optim.SGD, "params": {"weight": {"weight_decay": 4e-5}}, "lr": 0.1})
+    cfg["optimizer"]["model"] = cfg["model"]
+    cfg = copy.deepcopy(cfg)
+    cfg["data_loader"] = DataLoader(Subset(DigitsDataset("train"), range(16)), batch_size=8)
+    trainer = build_from_cfg(cfg)
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    trainer.fit()
+    grouped = [p for g in trainer.optimizer.param_groups for p in g["params"]]
+    assert {id(p) for p in grouped} == {id(p) for p in trainer.model.parameters()}
+    assert all(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
+    assert [g["weight_decay"] for g in trainer.optimizer.param_groups] == [4e-5, 0]
