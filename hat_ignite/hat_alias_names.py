@@ -79,6 +79,10 @@ _CALLBACK_MODULES["hat.callbacks.validation"]["MeanTeacherValidation"] = (
     "hat_ignite.callbacks.validation:MeanTeacherValidation"
 )
 _CALLBACKS = {name: path for names in _CALLBACK_MODULES.values() for name, path in names.items()}
+# Module constants HAT's callback modules export beside their class (not in ``hat.callbacks``).
+_CALLBACK_MODULES["hat.callbacks.save_traced"]["DEPLOY_FILE_FORMAT"] = (
+    "hat_ignite.callbacks.save_traced:DEPLOY_FILE_FORMAT"
+)
 _CALLBACKS["FuseBN"] = "hat_ignite.callbacks.fuse_bn:FuseBN"
 _METRICS = {
     "EvalMetric": "hat_ignite.metrics.base:EvalMetric",
@@ -116,9 +120,18 @@ HAT_MODULES: dict[str, dict[str, str]] = {
     "hat.engine.predictor": {"Predictor": _ENGINE["Predictor"]},
     "hat.engine.calibrator": {"Calibrator": _ENGINE["Calibrator"]},
     "hat.engine.loop_base": {"LoopBase": _ENGINE["LoopBase"], "PipeBase": "hat_ignite.engine.pipe:PipeBase"},
-    "hat.engine.ddp_trainer": {"DistributedDataParallelTrainer": _ENGINE["DistributedDataParallelTrainer"]},
-    "hat.engine.dp_trainer": {"DataParallelTrainer": _ENGINE["DataParallelTrainer"]},
-    "hat.engine.launcher": {"build_launcher": _ENGINE["build_launcher"]},
+    "hat.engine.ddp_trainer": {
+        "DistributedDataParallelTrainer": _ENGINE["DistributedDataParallelTrainer"],
+        "launch": "hat_ignite.engine.launcher:launch_distributed",
+    },
+    "hat.engine.dp_trainer": {
+        "DataParallelTrainer": _ENGINE["DataParallelTrainer"],
+        "launch": "hat_ignite.engine.launcher:launch_data_parallel",
+    },
+    "hat.engine.launcher": {
+        "build_launcher": _ENGINE["build_launcher"],
+        "register_launcher": "hat_ignite.engine.launcher:register_launcher",
+    },
     "hat.engine.processors": _PROCESSORS,
     "hat.engine.processors.processor": {k: v for k, v in _PROCESSORS.items() if not k.startswith("collect_")},
     "hat.engine.processors.loss_collector": _LOSS_COLLECTORS,

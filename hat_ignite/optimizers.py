@@ -11,7 +11,7 @@ from hat_ignite.registry import build_from_cfg, config_error
 __all__ = ["build_optimizer"]
 
 
-def _param_groups(model: Any, groups: Mapping[str, Any], key_path: str) -> list[dict[str, Any]]:
+def _param_groups(model: Any, groups: Mapping[str, Any], rest_decay: Any, key_path: str) -> list[dict[str, Any]]:
     """Split ``model``'s trainable parameters into groups by the first matching name pattern."""
     compiled: list[tuple[str, re.Pattern[str], dict[str, Any], list[Any]]] = []
     for pattern, options in groups.items():
@@ -43,7 +43,7 @@ def _param_groups(model: Any, groups: Mapping[str, Any], key_path: str) -> list[
         )
     out = [{"params": members, **options} for _, _, options, members in compiled]
     if rest:
-        out.append({"params": rest})
+        out.append({"params": rest, "weight_decay": rest_decay})
     return out
 
 
@@ -55,8 +55,10 @@ def build_optimizer(cfg: Mapping[str, Any], model: Any, key_path: str = "optimiz
     * absent: ``model.parameters()``;
     * a dict ``{name_regex: {option: value}}``: parameter groups. Each trainable parameter goes to
       the first pattern that ``re.search``-es its name (``model.named_parameters()``) and gets that
-      pattern's options; the others form a last group with the optimizer's defaults. A pattern that
-      matches nothing is an error (usually a typo);
+      pattern's options; the others form a last group with the config's ``weight_decay``, or 0
+      where the config gives none (HAT's rule, also for optimizers whose own default is not 0,
+      such as AdamW), and its other defaults. A pattern that matches nothing is an error (usually
+      a typo);
     * anything else (a list of tensors or of torch param-group dicts): passed as it is.
 
     Args:
@@ -83,7 +85,7 @@ def build_optimizer(cfg: Mapping[str, Any], model: Any, key_path: str = "optimiz
     if params is None:
         params = model.parameters()
     elif isinstance(params, Mapping):
-        params = _param_groups(model, params, key_path)
+        params = _param_groups(model, params, cfg.get("weight_decay", 0), key_path)
     elif not isinstance(params, Iterable):
         raise config_error(
             f"{key_path}.params",

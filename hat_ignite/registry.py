@@ -16,7 +16,8 @@ checkpoint callback is one metric.
 Two kinds of sub-config are left as dicts for the receiving object to build:
 
 * an optimizer config without ``params`` or with name-pattern groups as ``params``: it needs
-  the model, so the loop builds it with :func:`hat_ignite.optimizers.build_optimizer` once the model exists;
+  the model, so the loop builds it with :func:`hat_ignite.optimizers.build_optimizer` once the model exists
+  (one that names its model, HAT's ``model=model``, is built at once for that model);
 * any dict with ``"__build_recursive": False`` (the key is removed when the dict is built later).
 
 Building is a pure function of the config and the registry: the config is not modified and
@@ -287,15 +288,22 @@ def _unknown_argument_hint(signature: inspect.Signature, kwargs: Mapping[str, An
     return f" Did you mean {', '.join(hints)}?" if hints else ""
 
 
-def _is_deferred_optimizer(target: Any, cfg: Mapping) -> bool:
-    """An optimizer config whose ``params`` need the model (absent, or name-pattern groups)."""
-    if isinstance(cfg.get("params"), Iterable) and not isinstance(cfg.get("params"), Mapping):
-        return False
+def _is_optimizer_class(target: Any) -> bool:
     if not isinstance(target, type):
         return False
     import torch  # only needed when a config holds an optimizer
 
     return issubclass(target, torch.optim.Optimizer)
+
+
+def _is_deferred_optimizer(target: Any, cfg: Mapping) -> bool:
+    """An optimizer config whose ``params`` need the model (absent, or name-pattern groups).
+
+    One that names its model (``model=``) is built where it stands.
+    """
+    if isinstance(cfg.get("params"), Iterable) and not isinstance(cfg.get("params"), Mapping):
+        return False
+    return "model" not in cfg and _is_optimizer_class(target)
 
 
 class _Builder:
@@ -313,6 +321,11 @@ class _Builder:
         if default_args is None and id(cfg) in self.memo:
             return self.memo[id(cfg)][1]
         target = self.registry.resolve(cfg["type"], key_path)
+        if "model" in cfg and _is_optimizer_class(target):
+            result = self.optimizer_with_model(cfg, key_path)
+            if default_args is None:
+                self.memo[id(cfg)] = (cfg, result)
+            return result
         kwargs = {k: v for k, v in cfg.items() if k != "type"}
         for k, v in (default_args or {}).items():
             kwargs.setdefault(k, v)
@@ -328,6 +341,19 @@ class _Builder:
         if default_args is None:
             self.memo[id(cfg)] = (cfg, result)
         return result
+
+    def optimizer_with_model(self, cfg: Mapping[str, Any], key_path: str) -> Any:
+        """HAT's ``dict(type=<optimizer>, ..., model=model)``: the optimizer of that model, built now."""
+        from hat_ignite.optimizers import build_optimizer
+
+        model = self.value(cfg["model"], _join(key_path, "model"))
+        if not hasattr(model, "named_parameters"):
+            raise config_error(
+                _join(key_path, "model"),
+                f"an optimizer's model must be a torch.nn.Module (or its config), got {type(model).__name__}.",
+            )
+        rest = {k: v for k, v in cfg.items() if k != "model"}
+        return build_optimizer(rest, model, key_path=key_path)
 
     def value(self, value: Any, key_path: str) -> Any:
         if isinstance(value, Mapping):

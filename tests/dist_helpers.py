@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -173,8 +174,24 @@ def release_main(device, out_dir: str) -> None:
     atexit.register(report)
 
 
+def whoami_main(device, out_dir: str) -> None:
+    """Each rank writes its device, rank, world size and rendezvous port."""
+    import ignite.distributed as idist
+
+    with open(os.path.join(out_dir, f"whoami{idist.get_rank()}.json"), "w") as f:
+        json.dump({"device": device, "rank": idist.get_rank(), "world_size": idist.get_world_size(),
+                   "backend": idist.backend(), "port": os.environ.get("MASTER_PORT")}, f)
+
+
 if __name__ == "__main__":
-    from hat_ignite.engine.launcher import launch_distributed
+    from hat_ignite.engine.launcher import build_launcher, launch_distributed
+
+    if sys.argv[1] == "hat_positional":
+        # HAT's launch signature, every argument by position: main_func, device_ids, dist_url,
+        # dist_launcher, num_processes, backend, args.
+        launch = build_launcher({"type": "distributed_data_parallel_trainer"})
+        launch(whoami_main, None, f"tcp://127.0.0.1:{sys.argv[3]}", None, 2, "GLOO", (sys.argv[2],))
+        sys.exit(0)
 
     if sys.argv[1] == "allreduce":
         launch_distributed(allreduce_main, num_processes=2, timeout=60, args=(sys.argv[2],))

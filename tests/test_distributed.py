@@ -212,3 +212,58 @@ def test_multitask_config_trains_both_heads_in_two_processes(tmp_path):
     val = json.loads((tmp_path / "work" / "metrics.json").read_text())["float_train"]["val_metrics"]
     assert val["digits_accuracy"] > 0.5  # chance: 0.1
     assert val["parity_accuracy"] > 0.7  # chance: 0.5
+
+
+def test_hats_positional_launch_call_runs_two_processes_on_the_given_url(tmp_path):
+    # HAT's launch(main_func, device_ids, dist_url, dist_launcher, num_processes, backend, args):
+    # the third argument is the rendezvous URL, not the number of processes.
+    port = free_port()
+    proc = run([sys.executable, str(TESTS / "dist_helpers.py"), "hat_positional", str(tmp_path), str(port)],
+               cwd=tmp_path, timeout=90)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"whoami{r}.json").read_text()) for r in range(2)]
+    assert ranks == [
+        {"device": None, "rank": r, "world_size": 2, "backend": "gloo", "port": str(port)} for r in range(2)
+    ]
+
+
+def test_build_launcher_takes_hats_snake_case_types_and_its_call():
+    from hat_ignite.engine.launcher import (
+        build_launcher, launch_data_parallel, launch_distributed, launch_local, register_launcher,
+    )
+
+    assert build_launcher({"type": "distributed_data_parallel_trainer"}) is launch_distributed
+    assert build_launcher("DistributedDataParallelTrainer") is launch_distributed
+    assert build_launcher({"type": "data_parallel_trainer"}) is launch_data_parallel
+    # HAT's tools/train.py call; HAT's DataParallelTrainer launcher (run outside the repository)
+    # calls main_func([0, 1], *args) for these arguments.
+    calls = []
+    build_launcher({"type": "data_parallel_trainer"})(
+        lambda device, *args: calls.append((device, args)), [0, 1], dist_url="auto", dist_launcher=None,
+        args=("cfg.py", None, True, "float"),
+    )
+    build_launcher("Trainer")(lambda device, *args: calls.append((device, args)), None, "auto", None, args=(1,))
+    assert calls == [([0, 1], ("cfg.py", None, True, "float")), (None, (1,))]
+    with pytest.raises(ValueError, match="dist_launcher='mpi' is not supported"):
+        launch_distributed(lambda device: None, None, "auto", "mpi")
+    with pytest.raises(ValueError, match="'tcp://HOST:PORT'"):
+        launch_distributed(lambda device: None, None, "file:///tmp/rendezvous")
+    register_launcher("HatStyleTestTrainer", launch_local)
+    assert build_launcher({"type": "HatStyleTestTrainer"}) is launch_local
+
+
+def test_hat_serves_its_launch_functions():
+    from hat_ignite.engine import launcher
+    from hat_ignite.hat_alias import hat_alias_installed, install_hat_alias, uninstall_hat_alias
+
+    installed_before = hat_alias_installed()
+    install_hat_alias()
+    try:
+        from hat.engine.ddp_trainer import launch as ddp_launch
+        from hat.engine.dp_trainer import launch as dp_launch
+        from hat.engine.launcher import build_launcher, register_launcher
+    finally:
+        if not installed_before:
+            uninstall_hat_alias()
+    assert (ddp_launch, dp_launch) == (launcher.launch_distributed, launcher.launch_data_parallel)
+    assert (build_launcher, register_launcher) == (launcher.build_launcher, launcher.register_launcher)

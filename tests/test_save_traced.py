@@ -70,7 +70,9 @@ def test_the_trained_model_reloads_in_a_fresh_process_with_equal_outputs(tmp_pat
     else:
         assert name == "float-deploy-checkpoint-last.pt"
     assert saver.exported_path.endswith(".pt2")
-    assert sorted(os.listdir(tmp_path / "deploy")) == sorted([name, os.path.basename(saver.exported_path)])
+    plain = ["float-deploy-checkpoint-last.pt", "float-deploy-checkpoint-last.pt2"]  # always, as in HAT
+    hashed = [name, os.path.basename(saver.exported_path)] if save_hash else []
+    assert sorted(os.listdir(tmp_path / "deploy")) == sorted(plain + hashed)
     fresh = torch.stack([DigitsDataset("val")[i]["img"] for i in range(8, 40)])  # another batch size too
     with torch.no_grad():
         expected_fresh = model(fresh)
@@ -86,7 +88,40 @@ def test_a_new_run_replaces_the_hashed_files_of_the_previous_one(tmp_path):
     first = saver.traced_path
     _train(saver, steps=5)  # other weights: another hash
     assert saver.traced_path != first and not os.path.exists(first)
-    assert len([f for f in os.listdir(tmp_path) if f.endswith(".pt")]) == 1
+    assert sorted(f for f in os.listdir(tmp_path) if f.endswith(".pt")) == sorted(
+        ["deploy-checkpoint-last.pt", os.path.basename(saver.traced_path)]
+    )
+
+
+def test_the_deploy_file_is_left_beside_the_hashed_copy_with_hats_names(tmp_path):
+    # HAT's own SaveTraced + generate_sha256_file (run outside the repository) leave, for
+    # name_prefix "" and save_hash=True: deploy-checkpoint-last.pt and a copy of the same bytes,
+    # deploy-checkpoint-last-<first 8 hex digits of its sha256>.pt; an old hashed file is removed.
+    from hat_ignite.callbacks.save_traced import DEPLOY_FILE_FORMAT
+
+    assert DEPLOY_FILE_FORMAT % ("", "last") == "deploy-checkpoint-last.pt"
+    (tmp_path / "deploy-checkpoint-last-0badc0de.pt").write_bytes(b"an earlier run")
+    saver = SaveTraced(str(tmp_path), trace_inputs=(torch.rand(2, 64),), save_exported=False)
+    _train(saver, steps=2)
+    plain = tmp_path / "deploy-checkpoint-last.pt"
+    digest = hashlib.sha256(plain.read_bytes()).hexdigest()[:8]
+    assert sorted(os.listdir(tmp_path)) == ["deploy-checkpoint-last-%s.pt" % digest, "deploy-checkpoint-last.pt"]
+    assert saver.traced_path == str(tmp_path / ("deploy-checkpoint-last-%s.pt" % digest))
+    assert open(saver.traced_path, "rb").read() == plain.read_bytes()
+
+
+def test_hat_imports_deploy_file_format_from_save_traced():
+    from hat_ignite.hat_alias import hat_alias_installed, install_hat_alias, uninstall_hat_alias
+
+    installed_before = hat_alias_installed()
+    install_hat_alias()
+    try:
+        from hat.callbacks.save_traced import DEPLOY_FILE_FORMAT, SaveTraced as HatSaveTraced
+    finally:
+        if not installed_before:
+            uninstall_hat_alias()
+    assert HatSaveTraced is SaveTraced
+    assert DEPLOY_FILE_FORMAT % ("qat-", "last") == "qat-deploy-checkpoint-last.pt"
 
 
 class Named(torch.nn.Module):

@@ -14,9 +14,11 @@ Inputs follow the batch processors' convention: a tuple or list is unpacked into
 (``model(*trace_inputs)``), anything else (a dict, a tensor) is passed as the one argument.
 They are moved to the CPU (to the GPU with ``save_gpu_pt``).
 
-Names: with ``save_hash`` the first 8 hex digits of the file's SHA-256 are added
-(``...-last-1a2b3c4d.pt``), so ``sha256sum`` checks a copied file, and files of earlier runs with
-the same prefix and another hash are removed once the new one is written. Files are written
+Names: ``<name_prefix>deploy-checkpoint-last.pt`` (:data:`DEPLOY_FILE_FORMAT` ``% (name_prefix,
+"last")``, the file deploy scripts open) is always written; with ``save_hash`` a copy named with
+the first 8 hex digits of its SHA-256 (``...-last-1a2b3c4d.pt``) is left beside it, as in HAT, so
+``sha256sum`` checks a copied file, and hashed files of earlier runs with the same prefix are
+removed once the new one is written. Files are written
 crash-safely (:func:`~hat_ignite.callbacks.checkpoint_io.atomic_write`).
 
 Output annotations: HAT checks that every output tensor of the traced model carries a deploy
@@ -49,14 +51,15 @@ from hat_ignite.callbacks.checkpoint_io import atomic_write
 from hat_ignite.callbacks.checkpoint_payload import unwrap_model
 from hat_ignite.engine.compile import remove_compiled_forward
 
-__all__ = ["SaveTraced", "output_names", "OUTPUT_NAMES_FILE"]
+__all__ = ["SaveTraced", "output_names", "OUTPUT_NAMES_FILE", "DEPLOY_FILE_FORMAT"]
 
 logger = logging.getLogger(__name__)
 
 #: Extra file inside the saved ``.pt`` holding the output names (a JSON list, ``null`` for unnamed).
 OUTPUT_NAMES_FILE = "output_names.json"
 
-_BASE_NAME = "deploy-checkpoint-last"
+#: HAT's name of a deploy file: ``DEPLOY_FILE_FORMAT % (name_prefix, "last")``.
+DEPLOY_FILE_FORMAT = "%sdeploy-checkpoint-%s.pt"
 
 
 def _to_device(obj: Any, device: torch.device) -> Any:
@@ -175,12 +178,12 @@ class SaveTraced(CallbackMixin):
         return tuple(inputs) if isinstance(inputs, (list, tuple)) and not hasattr(inputs, "_fields") else (inputs,)
 
     def _write(self, data: bytes, suffix: str) -> str:
-        """Write ``data`` as ``<prefix>deploy-checkpoint-last[-hash]<suffix>``; drop superseded files."""
-        stem = f"{self.name_prefix}{_BASE_NAME}"
-        digest = hashlib.sha256(data).hexdigest()[:8]
-        name = f"{stem}-{digest}{suffix}" if self.save_hash else f"{stem}{suffix}"
-        path = atomic_write(os.path.join(self.save_dir, name), lambda f: f.write(data))
+        """Write ``data`` under the deploy name, and a hashed copy (returned) with ``save_hash``."""
+        stem = (DEPLOY_FILE_FORMAT % (self.name_prefix, "last"))[: -len(".pt")]
+        path = atomic_write(os.path.join(self.save_dir, f"{stem}{suffix}"), lambda f: f.write(data))
         if self.save_hash:
+            digest = hashlib.sha256(data).hexdigest()[:8]
+            path = atomic_write(os.path.join(self.save_dir, f"{stem}-{digest}{suffix}"), lambda f: f.write(data))
             pattern = re.compile(re.escape(stem) + r"-[0-9a-f]{8}" + re.escape(suffix) + "$")
             for old in glob.glob(os.path.join(glob.escape(self.save_dir), f"{glob.escape(stem)}-*{suffix}")):
                 if pattern.search(os.path.basename(old)) and os.path.abspath(old) != path:

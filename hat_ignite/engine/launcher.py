@@ -8,6 +8,11 @@ All process management is Ignite's (``ignite.distributed.Parallel``) and torch.d
   group is created from that environment and nothing is spawned.
 * ``Trainer`` / ``DataParallelTrainer`` (and anything else): the function runs in this process.
 
+HAT's snake-case names (``distributed_data_parallel_trainer``, ``data_parallel_trainer``) get the
+same launchers, and :func:`register_launcher` adds one for another trainer type. Every launcher
+takes HAT's call, ``launch(main_func, device_ids, dist_url="auto", dist_launcher=None, ...,
+args=(...))`` as HAT's ``tools/train.py`` makes it.
+
 The function is called HAT's way, as ``main_func(device, *args, **kwargs)``: ``device`` is this
 process's GPU id, the list of GPU ids for ``DataParallelTrainer``, or ``None`` on the CPU.
 """
@@ -15,7 +20,6 @@ process's GPU id, the list of GPU ids for ``DataParallelTrainer``, or ``None`` o
 from __future__ import annotations
 
 import datetime
-import functools
 import gc
 import logging
 import os
@@ -23,12 +27,20 @@ import socket
 import time
 from typing import Any, Callable, Mapping, Sequence
 
-__all__ = ["build_launcher", "launch_distributed", "launch_local", "is_torchrun", "free_port", "DDP_TRAINERS"]
+__all__ = [
+    "build_launcher", "register_launcher", "launch_distributed", "launch_local", "launch_data_parallel", "is_torchrun", "free_port",
+    "DDP_TRAINERS", "DP_TRAINERS",
+]
 
 logger = logging.getLogger(__name__)
 
-#: Trainer types launched with one process per device.
-DDP_TRAINERS = ("DistributedDataParallelTrainer",)
+#: Trainer types launched with one process per device (HAT's snake-case name too).
+DDP_TRAINERS = ("DistributedDataParallelTrainer", "distributed_data_parallel_trainer")
+#: Trainer types run in this process on every GPU given (``torch.nn.DataParallel``).
+DP_TRAINERS = ("DataParallelTrainer", "data_parallel_trainer")
+
+#: Launchers added with :func:`register_launcher`: trainer type name -> launch function.
+_REGISTERED: dict[str, Callable[..., None]] = {}
 
 #: Default collective timeout: long enough for a slow validation on rank 0, bounded all the same.
 DEFAULT_TIMEOUT_S = 1800.0
@@ -102,18 +114,54 @@ def _release_run_objects() -> None:
     time.sleep(0.01)
 
 
+def _rendezvous(
+    dist_url: str | None, dist_launcher: str | None, master_addr: str | None, master_port: int | None,
+) -> tuple[str | None, int | None]:
+    """``master_addr``/``master_port`` from HAT's ``dist_url`` (``"auto"`` or ``tcp://host:port``)."""
+    if dist_launcher not in (None, "torch"):
+        raise ValueError(
+            f"launch_distributed: dist_launcher={dist_launcher!r} is not supported (HAT's 'mpi' launcher "
+            f"included); start the job with torchrun (dist_launcher='torch' or None)."
+        )
+    if dist_launcher == "torch" and not is_torchrun():
+        raise ValueError(
+            "launch_distributed: dist_launcher='torch' means the processes were started by torchrun, but "
+            "its environment (RANK, WORLD_SIZE, MASTER_ADDR ...) is absent: run under torchrun, or leave "
+            "dist_launcher out to start the processes here."
+        )
+    if dist_url in (None, "auto"):
+        return master_addr, master_port
+    if not dist_url.startswith("tcp://"):
+        raise ValueError(
+            f"launch_distributed: dist_url={dist_url!r} is not supported; give 'auto' (a free local port) "
+            f"or 'tcp://HOST:PORT'."
+        )
+    host, sep, port = dist_url[len("tcp://"):].rstrip("/").rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"launch_distributed: dist_url={dist_url!r} is not of the form 'tcp://HOST:PORT'.")
+    if (master_addr not in (None, host)) or (master_port not in (None, int(port))):
+        raise ValueError(
+            f"launch_distributed: dist_url={dist_url!r} disagrees with master_addr={master_addr!r}, "
+            f"master_port={master_port!r}; give one of them."
+        )
+    return host, int(port)
+
+
 def launch_distributed(
     main_func: Callable,
-    device_ids: Sequence[int] | None = None,
+    device_ids: Sequence[int] | int | None = None,
+    dist_url: str | None = "auto",
+    dist_launcher: str | None = None,
     num_processes: int | None = None,
+    backend: str | None = None,
+    args: Sequence[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    *,
     nnodes: int = 1,
     node_rank: int = 0,
     master_addr: str | None = None,
     master_port: int | None = None,
-    backend: str | None = None,
     timeout: float = DEFAULT_TIMEOUT_S,
-    args: Sequence[Any] = (),
-    kwargs: Mapping[str, Any] | None = None,
 ) -> None:
     """Run ``main_func(device, *args, **kwargs)`` in every process of a data-parallel job.
 
@@ -121,6 +169,10 @@ def launch_distributed(
         main_func: the training function; must be importable (a module-level function), since
             the processes are started with the ``spawn`` method.
         device_ids: this node's GPUs, one process each; ``None`` trains on the CPU.
+        dist_url: HAT's rendezvous address: ``"auto"`` (or ``None``) for a free port on this host,
+            or ``"tcp://HOST:PORT"`` (the same as ``master_addr``/``master_port``).
+        dist_launcher: HAT's ``--launcher``: ``None``, or ``"torch"`` when torchrun started the
+            processes (torchrun is also recognised without it); HAT's ``"mpi"`` is refused.
         num_processes: processes on this node for a CPU run (default 1); with ``device_ids``
             it must be ``None`` or ``len(device_ids)``.
         nnodes: number of nodes; each runs this function with its own ``node_rank``.
@@ -128,7 +180,8 @@ def launch_distributed(
         master_addr: address of node 0 (default ``127.0.0.1`` on one node).
         master_port: a free port on node 0 (default: one found free, on one node); all nodes
             must give the same.
-        backend: ``"nccl"`` or ``"gloo"``; default NCCL with ``device_ids``, else gloo.
+        backend: ``"nccl"`` or ``"gloo"`` (any case; HAT writes ``"NCCL"``); default NCCL with
+            ``device_ids``, else gloo.
         timeout: seconds a collective waits for a missing rank before failing the job.
         args: positional arguments of ``main_func`` after ``device``.
         kwargs: keyword arguments of ``main_func``.
@@ -139,6 +192,9 @@ def launch_distributed(
     """
     import ignite.distributed as idist
 
+    master_addr, master_port = _rendezvous(dist_url, dist_launcher, master_addr, master_port)
+    if isinstance(device_ids, int):  # HAT accepts one id as well as a list
+        device_ids = [device_ids]
     if device_ids is not None:
         device_ids = [int(d) for d in device_ids]
         if not device_ids:
@@ -148,7 +204,7 @@ def launch_distributed(
                 f"launch_distributed: one process per GPU: num_processes={num_processes} does not match "
                 f"device_ids={device_ids}; leave num_processes out."
             )
-    backend = backend or ("nccl" if device_ids else "gloo")
+    backend = backend.lower() if backend else ("nccl" if device_ids else "gloo")
     pg_timeout = datetime.timedelta(seconds=float(timeout))
     call_args = (main_func, device_ids, tuple(args), dict(kwargs or {}))
     if is_torchrun():
@@ -177,17 +233,21 @@ def launch_distributed(
 
 def launch_local(
     main_func: Callable,
-    device_ids: Sequence[int] | None = None,
-    data_parallel: bool = False,
+    device_ids: Sequence[int] | int | None = None,
+    dist_url: str | None = None,
+    dist_launcher: str | None = None,
     args: Sequence[Any] = (),
     kwargs: Mapping[str, Any] | None = None,
+    *,
+    data_parallel: bool = False,
     **ignored: Any,
 ) -> None:
     """Run ``main_func(device, *args, **kwargs)`` in this process.
 
     ``device`` is ``None`` without ``device_ids``, the list of ids when ``data_parallel``, else
-    the first id. Distributed options (``num_processes``, ``nnodes`` ...) are accepted so every
-    launcher takes the same call, and must describe a single process.
+    the first id. HAT's ``dist_url``/``dist_launcher`` mean nothing for one process and are
+    ignored, as in HAT. Distributed options (``num_processes``, ``nnodes`` ...) are accepted so
+    every launcher takes the same call, and must describe a single process.
 
     >>> launch_local(lambda device, x: print(device, x), args=(3,))
     None 3
@@ -198,6 +258,8 @@ def launch_local(
             "DistributedDataParallelTrainer launcher."
         )
     device: Any = None
+    if isinstance(device_ids, int):  # HAT accepts one id as well as a list
+        device_ids = [device_ids]
     if device_ids:
         device = [int(d) for d in device_ids] if data_parallel else int(device_ids[0])
         if not data_parallel and len(device_ids) > 1:
@@ -208,25 +270,67 @@ def launch_local(
     main_func(device, *args, **dict(kwargs or {}))
 
 
+def launch_data_parallel(
+    main_func: Callable,
+    device_ids: Sequence[int] | int | None = None,
+    dist_url: str | None = None,
+    dist_launcher: str | None = None,
+    args: Sequence[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    **ignored: Any,
+) -> None:
+    """``DataParallelTrainer``'s launcher: :func:`launch_local` giving ``main_func`` every GPU id.
+
+    >>> launch_data_parallel(lambda device: print(device), [0, 1], "auto")
+    [0, 1]
+    """
+    launch_local(main_func, device_ids, dist_url, dist_launcher, args, kwargs, data_parallel=True, **ignored)
+
+
+def register_launcher(name: str, launcher: Callable[..., None]) -> Callable[..., None]:
+    """Give trainer type ``name`` its launch function (HAT's ``register_launcher``).
+
+    ``launcher`` is called as the built-in ones are: ``launcher(main_func, device_ids,
+    dist_url=..., dist_launcher=..., args=(...))``. A name registered twice keeps the last one.
+
+    >>> register_launcher("MyTrainer", launch_local) is launch_local
+    True
+    >>> build_launcher({"type": "MyTrainer"}).__name__
+    'launch_local'
+    """
+    if not isinstance(name, str) or not callable(launcher):
+        raise TypeError(f"register_launcher(name, launcher): a type name and a function, got {name!r}, {launcher!r}.")
+    _REGISTERED[name] = launcher
+    return launcher
+
+
 def build_launcher(trainer: Mapping[str, Any] | str | type) -> Callable[..., None]:
     """The launch function for a trainer config (or type name), HAT's ``build_launcher``.
 
     Args:
-        trainer: the trainer's config dict (its ``type`` decides), a type name, or the class.
+        trainer: the trainer's config dict (its ``type`` decides), a type name (HAT's
+            snake-case names too), or the class.
 
     Returns:
-        :func:`launch_distributed` for ``DistributedDataParallelTrainer``; for the other
-        trainers a :func:`launch_local` that passes ``DataParallelTrainer`` the list of GPU ids.
-        Call it as ``launch(main_func, device_ids=..., num_processes=..., args=(...))``.
+        A launcher added with :func:`register_launcher` for that type; else
+        :func:`launch_distributed` for ``DistributedDataParallelTrainer``,
+        :func:`launch_data_parallel` (every GPU id to one process) for ``DataParallelTrainer``,
+        and :func:`launch_local` for the other trainers.
+        Call it HAT's way, ``launch(main_func, device_ids, dist_url="auto", args=(...))``, or
+        with keywords: ``launch(main_func, device_ids=..., num_processes=..., args=(...))``.
 
-    >>> build_launcher({"type": "DistributedDataParallelTrainer"}).__name__
+    >>> build_launcher({"type": "distributed_data_parallel_trainer"}).__name__
     'launch_distributed'
     >>> build_launcher("Trainer").__name__
     'launch_local'
+    >>> build_launcher("data_parallel_trainer")(lambda device, x: print(device, x), [0, 1], "auto", args=(3,))
+    [0, 1] 3
     """
     kind = _trainer_type(trainer)
+    if kind in _REGISTERED:
+        return _REGISTERED[kind]
     if kind in DDP_TRAINERS:
         return launch_distributed
-    if kind == "DataParallelTrainer":
-        return functools.partial(launch_local, data_parallel=True)
+    if kind in DP_TRAINERS:
+        return launch_data_parallel
     return launch_local
