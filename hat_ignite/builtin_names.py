@@ -102,6 +102,9 @@ NOT_PROVIDED: dict[str, str] = {
     "AIDIExperimentManager": "AIDI experiment tracking (Horizon's platform) is not supported; drop this "
     "callback (HAT configs add it when enable_model_tracking is True: set that to False in the config file, "
     "since --opts cannot change a value the config already used)",
+    "ExceptionMonitor": "it sends metric values to AIDI's monitoring service (Horizon's platform, aidisdk), "
+    "which hat-ignite does not serve; drop the callback, or check the values MetricUpdater puts into storage "
+    "in an on_step_end hook of your own",
     "MultiStageBatchProcessor": "it runs each task's head on its own through HAT's graph models "
     "(MultitaskGraphModel.split_module, part of HAT's model zoo), to save memory; use 'MultiBatchProcessor', "
     "which gives the same gradients for the same batches without that memory saving",
