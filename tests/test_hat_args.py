@@ -331,7 +331,7 @@ for only in (False, True):
     trainer = DistributedDataParallelTrainer(
         model=model, data_loader=data, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
         batch_processor=BasicBatchProcessor(need_grad_update=True, loss_collector=collect_loss_by_index(0)),
-        device=None, num_epochs=1, convert_submodule_list=["backbone"],
+        device=None, num_epochs=1, convert_submodule_list=["backbone"] if only else "backbone",  # HAT's bare name too
         callbacks=[Checkpoint(save_dir=out, only_save_ddp=only)])
     trainer.fit()
     print(only, sorted(load_checkpoint(os.path.join(out, "checkpoint-last.pth.tar"))["state_dict"]))

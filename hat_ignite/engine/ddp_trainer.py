@@ -83,10 +83,11 @@ class DistributedDataParallelTrainer(Trainer):
             multitask training; handed to the ``MultitaskLoader`` data loader, which then chooses
             each step's tasks with it. Every rank draws the same tasks (the sampler is seeded).
         convert_submodule_list: names (``"backbone"``, ``"head.cls"``) of the submodules to wrap
-            in DDP each on its own, instead of the whole model; the model then gets a ``no_sync()``
-            covering all of them. After quantization preparation the names are the same; a name
-            lying inside a graph that was exported whole (no submodule of that name is left) wraps
-            that prepared graph instead.
+            in DDP each on its own (one name may be given bare, ``"backbone"``, as HAT allows),
+            instead of the whole model; the model then gets a ``no_sync()`` covering all of them.
+            After quantization preparation the names are the same; a name lying inside a graph
+            that was exported whole (no submodule of that name is left) wraps that prepared graph
+            instead.
         find_unused_parameters: passed to ``DistributedDataParallel``; keep ``True`` when a step
             may leave parameters unused (a multitask step without some task).
         assign_module_buffers: HAT's switch to re-read the module's buffers before DDP
@@ -121,7 +122,7 @@ class DistributedDataParallelTrainer(Trainer):
         val_metrics: Any = None,
         profiler: Any = None,
         task_sampler: Any = None,
-        convert_submodule_list: list[str] | None = None,
+        convert_submodule_list: list[str] | str | None = None,
         find_unused_parameters: bool | None = True,
         assign_module_buffers: bool | None = True,
         **kwargs: Any,
@@ -167,7 +168,8 @@ class DistributedDataParallelTrainer(Trainer):
         self.sync_bn_by_host = bool(sync_bn_by_host)
         self.find_unused_parameters = bool(find_unused_parameters)
         self.assign_module_buffers = bool(assign_module_buffers)
-        self.convert_submodule_list = list(convert_submodule_list or [])
+        names = [convert_submodule_list] if isinstance(convert_submodule_list, str) else convert_submodule_list
+        self.convert_submodule_list = list(names or [])
         self.model = self._wrap(self.model)
 
     def _wrap(self, model: nn.Module) -> nn.Module:
