@@ -22,6 +22,7 @@ from hat_ignite.engine import (
     MultiBatchProcessor,
     Trainer,
     collect_loss_by_index,
+    collect_loss_by_regex,
 )
 from hat_ignite.errors import QuantizationError
 from hat_ignite.quantization import (
@@ -296,3 +297,46 @@ def test_the_int_infer_deploy_model_takes_only_the_inputs_it_uses(tmp_path):
     with torch.no_grad():
         assert torch.equal(int_infer.model.eval()(batch), direct(batch)[0])  # the whole batch is accepted
         assert torch.equal(torch.jit.load(str(traced[0]))(dict(img=batch["img"])), direct(batch)[0])
+
+
+class TwoTasks(nn.Module):
+    """A multitask model as HAT's toy multitask config builds it: a shared backbone, a head per task,
+    and a forward that takes each task's batch its own way (its label key says the task)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.backbone = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1, bias=False), nn.BatchNorm2d(4), nn.ReLU(),
+                                      nn.Flatten())
+        self.task1 = nn.Linear(4 * 64, 10)
+        self.task2 = nn.Linear(4 * 64, 2)
+
+    def forward(self, data):
+        feats = self.backbone(data["img"])
+        task = "task1" if "task1_label" in data else "task2"
+        preds = getattr(self, task)(feats)
+        return {f"{task}_loss": nn.functional.cross_entropy(preds, data[f"{task}_label"]), f"{task}_preds": preds}
+
+
+def test_a_multitask_model_prepares_its_backbone_and_each_task_head(tmp_path):
+    """Each step holds one batch per task, whose keys differ: one graph exported from the first
+    batch could not run the second, so the shared backbone and each head are prepared instead."""
+
+    def task_batches(n, seed):
+        items = images(n, seed)
+        first = [{"img": x["img"], "task1_label": x["labels"]} for x in items]
+        second = [{"img": x["img"], "task2_label": x["labels"] % 2} for x in items]
+        return list(zip(first, second))
+
+    def two_batches(items):
+        return tuple(to_float(torch.utils.data.default_collate(list(part))) for part in zip(*items))
+
+    qat = Trainer(
+        model=TwoTasks(), data_loader=DataLoader(task_batches(16, 1), batch_size=4, collate_fn=two_batches),
+        model_convert_pipeline=[Float2QAT(convert_mode="fx")], optimizer=dict(type="torch.optim.SGD", lr=0.01),
+        batch_processor=MultiBatchProcessor(need_grad_update=True, loss_collector=collect_loss_by_regex(".*loss")),
+        device=None, num_epochs=1,
+    )
+    assert sorted(m.qname for m in prepared_modules(qat.model)) == ["backbone", "task1", "task2"]
+    qat.fit()
+    assert qat.state.iteration == 4

@@ -5,7 +5,9 @@ training: they compute their loss in ``forward`` and return it (``(preds, losses
 only predictions in eval. Exporting such a model whole loses one of the two. So the model is run
 on the example batches once in eval mode and once in training mode (no gradients, its buffers
 and the random generators put back afterwards), and a module counts as *stable* when it and
-every module inside it ran as often and returned outputs of the same structure in both modes.
+every module inside it ran as often, and took and returned the same structures, in both modes and
+on every example batch (a multitask model, whose forward takes each task's batch its own way, is
+not; its shared backbone and each task's head are).
 
 :func:`stable_modules` picks the model when it is stable (the whole model is exported, as
 before); otherwise the outermost stable submodules that hold parameters (a backbone, a head),
@@ -41,12 +43,12 @@ def _signature(outputs: Any) -> str:
 
 @torch.no_grad()
 def _trace(model: nn.Module, batches: list[Any], training: bool) -> tuple[Trace, BaseException | None]:
-    """Run ``model`` on ``batches`` in one mode; the output signature of each call of each module."""
+    """Run ``model`` on ``batches`` in one mode; the input and output signature of each call of each module."""
     trace: Trace = {name: [] for name, _ in model.named_modules()}
     handles = []
     for name, module in model.named_modules():
         def hook(mod: nn.Module, args: Any, out: Any, _name: str = name) -> None:
-            trace[_name].append(_signature(out))
+            trace[_name].append(_signature((args, out)))
 
         handles.append(module.register_forward_hook(hook))
     modes = {m: m.training for m in model.modules()}
@@ -100,7 +102,9 @@ def stable_modules(model: nn.Module, batches: list[Any], who: str) -> list[str]:
                     "forward to differ in training.", who, type(train_error).__name__, train_error)
         trains = dict(evals, **{"": []})
     names = list(evals)
-    unstable = {name for name in names if evals[name] != trains[name]}
+    # a graph is fixed to one path: a module must take and return the same structures in both
+    # modes and on every example batch (a multitask model takes each task's batch its own way)
+    unstable = {name for name in names if evals[name] != trains[name] or len(set(evals[name])) > 1}
 
     def stable(name: str) -> bool:
         prefix = f"{name}." if name else ""
