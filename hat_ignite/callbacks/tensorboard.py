@@ -177,6 +177,7 @@ class TensorBoard(CallbackMixin):
         #: stage's files only, so stages sharing ``save_dir`` (HAT's ``ckpt_dir/tensorboard``) keep
         #: their own histories (see :func:`~hat_ignite.visualize.event_file.stage_suffix`).
         self.stage: str | None = None
+        self._began = False  # a loop began, or the files were opened for hooks called without one
 
     # -- files -----------------------------------------------------------------------------
     @property
@@ -277,7 +278,16 @@ class TensorBoard(CallbackMixin):
         hooks = super().overridden_hooks()
         return hooks if self.update_by == "epoch" else [h for h in hooks if h != "on_epoch_begin"]
 
-    def on_loop_begin(self, storage: dict[str, Any], loop: Any = None, **kwargs: Any) -> None:
+    def _open_without_loop(self) -> None:
+        """Open the files for hooks called with no ``on_loop_begin`` first (HAT's tests, a custom
+        loop); once, on rank 0."""
+        self._began = True
+        if idist.get_rank() == 0:
+            self._open(None)
+
+    def on_loop_begin(self, storage: dict[str, Any] | None = None, loop: Any = None, **kwargs: Any) -> None:
+        self._began = True
+        storage = {} if storage is None else storage
         self.close()
         self._seen = {key: storage.get(key) for key in (_VALIDATION_KEY, _STATS_KEY)}
         if idist.get_rank() == 0:
@@ -300,9 +310,17 @@ class TensorBoard(CallbackMixin):
     def _on_batch_end_losses_only(self, model_outs: Any, epoch_id: int, global_step_id: int) -> None:
         if self.update_by == "step" and (global_step_id + 1) % self.update_freq:
             return  # not a step to write: decided here, without a second call
-        self.on_batch_end(model_outs, epoch_id, global_step_id)
+        self.on_batch_end(model_outs, epoch_id=epoch_id, global_step_id=global_step_id)
 
-    def on_batch_end(self, model_outs: Any, epoch_id: int, global_step_id: int, **kwargs: Any) -> None:
+    def on_batch_end(self, model_outs: Any, epoch_id: int | None = None, global_step_id: int = 0,
+                     **kwargs: Any) -> None:
+        """Write (or, by epoch, add up) the batch's losses and run the update functions.
+
+        ``epoch_id`` is optional: HAT's loop passes only ``model_outs`` and ``global_step_id``
+        here, and without it an epoch-wise TensorBoard adds up every batch.
+        """
+        if not self._began:
+            self._open_without_loop()
         if not self._writing:
             return
         if self.update_by == "step":
@@ -314,7 +332,7 @@ class TensorBoard(CallbackMixin):
                 ids = {"epoch_id": epoch_id, "global_step_id": global_step_id}
                 self._run_funcs(global_step_id, model_outs, {**ids, **kwargs})
             return
-        if (epoch_id + 1) % self.update_freq:
+        if epoch_id is not None and (epoch_id + 1) % self.update_freq:
             return
         for name, value in loss_scalars(model_outs, self.loss_pattern).items():
             value = value.detach().float().sum()
@@ -324,9 +342,10 @@ class TensorBoard(CallbackMixin):
             self._last_outs = model_outs
 
     def on_step_end(
-        self, global_step_id: int, storage: dict[str, Any], optimizer: Any = None, train_metrics: Any = None,
-        loop: Any = None, **kwargs: Any,
+        self, global_step_id: int, storage: dict[str, Any] | None = None, optimizer: Any = None,
+        train_metrics: Any = None, loop: Any = None, **kwargs: Any,
     ) -> None:
+        storage = {} if storage is None else storage
         if self.update_by == "step" and (global_step_id + 1) % self.update_freq == 0:
             self._write_point(optimizer, train_metrics, global_step_id, loop)
         seen = self._seen  # a record already written is the very object still in storage: skip it
@@ -339,9 +358,19 @@ class TensorBoard(CallbackMixin):
             self._scalars.write()
 
     def on_epoch_end(
-        self, epoch_id: int, global_step_id: int, storage: dict[str, Any], optimizer: Any = None,
-        train_metrics: Any = None, loop: Any = None, **kwargs: Any,
+        self, epoch_id: int, global_step_id: int | None = None, storage: dict[str, Any] | None = None,
+        optimizer: Any = None, train_metrics: Any = None, loop: Any = None, **kwargs: Any,
     ) -> None:
+        """Write an epoch-wise point; hand every point so far to disk.
+
+        ``global_step_id`` and ``storage`` are optional (HAT's loop passes only ``epoch_id``
+        here): the point is then written at ``epoch_id``.
+        """
+        if not self._began:
+            self._open_without_loop()
+        storage = {} if storage is None else storage
+        if global_step_id is None:
+            global_step_id = epoch_id
         if self.update_by == "epoch" and (epoch_id + 1) % self.update_freq == 0:
             if self._writing:
                 for name, total in self._epoch_sums.items():
@@ -359,8 +388,8 @@ class TensorBoard(CallbackMixin):
         if self._writer is not None:
             self._writer.flush()
 
-    def on_loop_end(self, storage: dict[str, Any], **kwargs: Any) -> None:
-        self._write_records(storage)
+    def on_loop_end(self, storage: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        self._write_records({} if storage is None else storage)
         self.close()
 
     def __repr__(self) -> str:
