@@ -119,3 +119,23 @@ def test_tensorboard_hooks_without_loop_begin(tmp_path):
     by_epoch.close()
     assert seen == [1, 3]
     assert [step for step, _ in read_scalars(str(tmp_path / "e"))["loss/loss1"]] == [0]
+
+
+def test_checkpoint_saves_from_the_keywords_given(tmp_path):
+    from hat_ignite.callbacks.checkpoint import Checkpoint
+
+    model, ema_model = nn.Linear(2, 1), nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ck = Checkpoint(save_dir=str(tmp_path / "s"), interval_by="step")
+    ck.on_step_end(epoch_id=0, step_id=0, global_step_id=0, val_metrics=None, model=model, ema_model=None,
+                   optimizer=opt, num_steps=None)
+    assert any(p.name.startswith("checkpoint-step-0-") for p in (tmp_path / "s").iterdir())
+    ck.on_loop_end(model=None, ema_model=ema_model, optimizer=None, storage=None, epoch_id=3, global_step_id=77)
+    saved = torch.load(ck.last_path, weights_only=False)
+    assert (saved["epoch"], saved["step"]) == (3, 77)
+    assert torch.equal(saved["state_dict"]["weight"], ema_model.weight)  # only the EMA copy was given
+    by_epoch = Checkpoint(save_dir=str(tmp_path / "e"), interval_by="epoch")
+    by_epoch.on_epoch_end(epoch_id=0, global_step_id=0, model=model, ema_model=None, optimizer=opt,
+                          num_epochs=None, val_metrics=None)
+    saved = torch.load(by_epoch.last_path, weights_only=False)
+    assert torch.equal(saved["state_dict"]["weight"], model.weight) and saved["optimizer"] is not None
