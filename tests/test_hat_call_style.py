@@ -117,7 +117,7 @@ def test_tensorboard_hooks_without_loop_begin(tmp_path):
     by_epoch.on_epoch_end(epoch_id=0)
     tb.close()
     by_epoch.close()
-    assert seen == [1, 3]
+    assert seen == [0, 2]  # HAT's rule: global_step_id % update_freq == 0
     assert [step for step, _ in read_scalars(str(tmp_path / "e"))["loss/loss1"]] == [0]
 
 
@@ -139,3 +139,20 @@ def test_checkpoint_saves_from_the_keywords_given(tmp_path):
                           num_epochs=None, val_metrics=None)
     saved = torch.load(by_epoch.last_path, weights_only=False)
     assert torch.equal(saved["state_dict"]["weight"], model.weight) and saved["optimizer"] is not None
+
+
+def test_tensorboard_writes_hat_steps_and_epochs(tmp_path):
+    # HAT writes step s when s % update_freq == 0, and epoch e when e % update_freq == 0
+    by_step = TensorBoard(save_dir=str(tmp_path / "s"), update_freq=3)
+    by_epoch = TensorBoard(save_dir=str(tmp_path / "e"), update_freq=2, update_by="epoch")
+    outs = {"cls_loss": torch.tensor(1.0)}
+    for epoch in range(3):
+        for step in range(epoch * 4, epoch * 4 + 4):
+            for board in (by_step, by_epoch):
+                board.on_batch_end(model_outs=outs, epoch_id=epoch, global_step_id=step)
+        for board in (by_step, by_epoch):
+            board.on_epoch_end(epoch_id=epoch, global_step_id=epoch * 4 + 4)
+    by_step.close()
+    by_epoch.close()
+    assert [s for s, _ in read_scalars(str(tmp_path / "s"))["loss/cls_loss"]] == [0, 3, 6, 9]
+    assert [s for s, _ in read_scalars(str(tmp_path / "e"))["loss/cls_loss"]] == [4, 12]  # epochs 0 and 2

@@ -18,10 +18,10 @@ Loss names: ``model_outs`` is flattened to dotted keys (``({"cls_loss": t}, logi
 tag drops the purely numeric parts (``loss/cls_loss``) unless two losses would then share a name.
 A loss tensor with several elements is summed, as the batch processor does before backward.
 
-Steps: with ``update_by="step"``, step ``global_step_id`` is written when
-``(global_step_id + 1) % update_freq == 0``, so ``N`` steps give ``N // update_freq`` points per
-tag. With ``update_by="epoch"``, the end of every ``update_freq``-th epoch is written at the
-number of steps done so far. Validation results are written at the ``global_step_id`` their record
+Steps: as in HAT, with ``update_by="step"``, step ``global_step_id`` is written when
+``global_step_id % update_freq == 0`` (the first step, then every ``update_freq``-th), so ``N``
+steps give ``ceil(N / update_freq)`` points per tag. With ``update_by="epoch"``, the end of epoch
+``epoch_id`` is written when ``epoch_id % update_freq == 0``, at the number of steps done so far. Validation results are written at the ``global_step_id`` their record
 carries; ``val/<name>`` for the values a ``MetricUpdater`` stores under its default key
 ``monitor_obj``, ``val/<key>/<name>`` for other keys. (``val_metrics`` themselves are not read
 between validations: they hold the previous validation's values until the next one runs; the
@@ -123,7 +123,7 @@ class TensorBoard(CallbackMixin):
         >>> _ = trainer.fit()
         >>> scalars = read_scalars(tmp.name)
         >>> sorted(scalars), [step for step, _ in scalars["loss/mse_loss"]]
-        (['loss/mse_loss', 'lr/group_0'], [1, 3, 5, 7, 9, 11])
+        (['loss/mse_loss', 'lr/group_0'], [0, 2, 4, 6, 8, 10])
         >>> tmp.cleanup()
     """
 
@@ -308,7 +308,7 @@ class TensorBoard(CallbackMixin):
         return methods
 
     def _on_batch_end_losses_only(self, model_outs: Any, epoch_id: int, global_step_id: int) -> None:
-        if self.update_by == "step" and (global_step_id + 1) % self.update_freq:
+        if self.update_by == "step" and global_step_id % self.update_freq:
             return  # not a step to write: decided here, without a second call
         self.on_batch_end(model_outs, epoch_id=epoch_id, global_step_id=global_step_id)
 
@@ -324,7 +324,7 @@ class TensorBoard(CallbackMixin):
         if not self._writing:
             return
         if self.update_by == "step":
-            if (global_step_id + 1) % self.update_freq:
+            if global_step_id % self.update_freq:
                 return
             for name, value in loss_scalars(model_outs, self.loss_pattern).items():
                 self._scalar(f"loss/{name}", value, global_step_id)
@@ -332,7 +332,7 @@ class TensorBoard(CallbackMixin):
                 ids = {"epoch_id": epoch_id, "global_step_id": global_step_id}
                 self._run_funcs(global_step_id, model_outs, {**ids, **kwargs})
             return
-        if epoch_id is not None and (epoch_id + 1) % self.update_freq:
+        if epoch_id is not None and epoch_id % self.update_freq:
             return
         for name, value in loss_scalars(model_outs, self.loss_pattern).items():
             value = value.detach().float().sum()
@@ -346,7 +346,7 @@ class TensorBoard(CallbackMixin):
         train_metrics: Any = None, loop: Any = None, **kwargs: Any,
     ) -> None:
         storage = {} if storage is None else storage
-        if self.update_by == "step" and (global_step_id + 1) % self.update_freq == 0:
+        if self.update_by == "step" and global_step_id % self.update_freq == 0:
             self._write_point(optimizer, train_metrics, global_step_id, loop)
         seen = self._seen  # a record already written is the very object still in storage: skip it
         if self._writing and (
@@ -371,7 +371,7 @@ class TensorBoard(CallbackMixin):
         storage = {} if storage is None else storage
         if global_step_id is None:
             global_step_id = epoch_id
-        if self.update_by == "epoch" and (epoch_id + 1) % self.update_freq == 0:
+        if self.update_by == "epoch" and epoch_id % self.update_freq == 0:
             if self._writing:
                 for name, total in self._epoch_sums.items():
                     self._scalar(f"loss/{name}", total / self._epoch_counts[name], global_step_id)
