@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from hat_ignite.callbacks.checkpoint import Checkpoint
 from hat_ignite.callbacks.ema import ExponentialMovingAverage
 from hat_ignite.callbacks.grad_scale import GradScale
 from hat_ignite.callbacks.lr_updater import CosLrUpdater, OneCycleUpdater, PolyLrUpdater, StepDecayLrUpdater
@@ -122,8 +123,6 @@ def test_tensorboard_hooks_without_loop_begin(tmp_path):
 
 
 def test_checkpoint_saves_from_the_keywords_given(tmp_path):
-    from hat_ignite.callbacks.checkpoint import Checkpoint
-
     model, ema_model = nn.Linear(2, 1), nn.Linear(2, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     ck = Checkpoint(save_dir=str(tmp_path / "s"), interval_by="step")
@@ -156,3 +155,11 @@ def test_tensorboard_writes_hat_steps_and_epochs(tmp_path):
     by_epoch.close()
     assert [s for s, _ in read_scalars(str(tmp_path / "s"))["loss/cls_loss"]] == [0, 3, 6, 9]
     assert [s for s, _ in read_scalars(str(tmp_path / "e"))["loss/cls_loss"]] == [4, 12]  # epochs 0 and 2
+
+
+def test_checkpoint_loop_end_alone_saves_last(tmp_path):
+    # HAT's tests call on_loop_end first thing: the save_dir is made there too
+    ck = Checkpoint(save_dir=str(tmp_path / "new"), interval_by="epoch", mode="max", monitor_metric_key="accuracy")
+    ck.on_loop_end(model=nn.Linear(2, 1), ema_model=None, optimizer=None, storage=None, epoch_id=4, global_step_id=9)
+    saved = torch.load(ck.last_path, weights_only=False)
+    assert (saved["epoch"], saved["step"]) == (4, 9)

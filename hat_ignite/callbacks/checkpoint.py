@@ -264,6 +264,7 @@ class Checkpoint(CallbackMixin):
         source.settle_updates()  # every rank: a skipped update raises on all of them
         if not self._is_writer() or self._saved_iteration == source.state.iteration:
             return  # the final save point already wrote this state
+        os.makedirs(self.save_dir, exist_ok=True)  # a hook called with no on_loop_begin first
         path = atomic_save(with_content_hash(self._training_state(source, epoch_id, global_step_id)), self.last_path)
         self._saved_iteration = source.state.iteration
         logger.info("Saved checkpoint %s at the end of training.", path)
