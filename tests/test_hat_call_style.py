@@ -2,10 +2,12 @@
 
 HAT's loop passes fewer keywords than ours (no ``num_epochs`` to ``StepDecayLrUpdater``'s loop
 begin, no ``model`` to ``GradScale``'s, the step id first to the EMA's step end, no ``epoch_id``
-to TensorBoard's batch end); each hook must work with only those. Expected attribute values
-follow HAT's LR updater code (``warmup_epochs = ceil(warmup_len / len(data_loader))`` for a step
-warmup, ``CosLrUpdater.max_steps = num_epochs * len(data_loader) - warmup_steps`` after loop
-begin, ``OneCycleUpdater.warmup_begin_lr = lr_max / div_factor``).
+to TensorBoard's batch end); each hook must work with only those. The LR updaters' expected lrs
+and attributes were measured by running HAT's own LR updater classes through the same calls
+(``warmup_epochs = ceil(warmup_len / len(data_loader))`` for a step warmup,
+``CosLrUpdater.max_steps = num_epochs * len(data_loader) - warmup_steps`` after loop begin,
+``OneCycleUpdater.warmup_begin_lr = lr_max / div_factor``). One deliberate difference: HAT
+keeps the ``max_steps`` of a first loop begin on a second one; ours derives it anew.
 """
 
 from __future__ import annotations
