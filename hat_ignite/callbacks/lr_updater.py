@@ -166,7 +166,7 @@ class CosLrUpdater(LrUpdaterBase):
         self.max_steps: float = -1 if max_steps is None else max_steps
         self.max_epoch = -1 if max_epoch is None else max_epoch
         self.stop_lr = float(stop_lr)
-        self._max_steps_arg = self.max_steps
+        self._max_steps_arg: float = self.max_steps
         self._decay_steps: float | None = self.max_steps if self.max_steps >= 0 and self.max_epoch <= 0 else None
 
     def prepare(self) -> None:
