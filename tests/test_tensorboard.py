@@ -76,8 +76,8 @@ def test_step_mode_writes_every_update_freq_steps_and_each_validation(tmp_path):
     storage = trainer.fit().storage
     assert len(event_files(tmp_path / "tb")) == 1
     scalars = _scalars(tmp_path / "tb")
-    steps = [s for s in range(2 * STEPS_PER_EPOCH) if (s + 1) % 4 == 0]
-    assert len(steps) == (2 * STEPS_PER_EPOCH) // 4 == 11
+    steps = [s for s in range(2 * STEPS_PER_EPOCH) if s % 4 == 0]  # as HAT: the first step, then every 4th
+    assert len(steps) == -(-(2 * STEPS_PER_EPOCH) // 4) == 12
     for tag in ("loss/cls_loss", "lr/group_0", "train/cls_loss", "train/accuracy"):
         assert [s for s, _ in scalars[tag]] == steps, tag
     for step, value in scalars["loss/cls_loss"]:  # the step's own loss (float32 in the file)
@@ -121,7 +121,7 @@ def test_overwrite_replaces_old_event_files_and_append_merges_them(tmp_path):
     for _ in range(2):
         _trainer(TensorBoard(str(save_dir), update_freq=23), num_epochs=1)[0].fit()
     assert len(event_files(save_dir)) == 2  # overwrite=False: one file per run
-    assert [s for s, _ in read_scalars(save_dir)["loss/cls_loss"]] == [22]  # same steps: the later run's value
+    assert [s for s, _ in read_scalars(save_dir)["loss/cls_loss"]] == [0]  # same steps: the later run's value
     _trainer(TensorBoard(str(save_dir), overwrite=True, update_freq=23), num_epochs=1)[0].fit()
     assert len(event_files(save_dir)) == 1
     assert (save_dir / "notes.txt").read_text() == "kept"  # only event files are removed
@@ -224,7 +224,7 @@ def test_the_default_callback_makes_no_summary_writer(tmp_path, monkeypatch):
     trainer.fit()
     assert board.writer is None and board.writer_if_made is None  # outside a run: none, and none made
     assert len(event_files(tmp_path / "tb")) == 1
-    assert [s for s, _ in read_scalars(tmp_path / "tb")["loss/cls_loss"]] == [3, 7, 11, 15, 19]
+    assert [s for s, _ in read_scalars(tmp_path / "tb")["loss/cls_loss"]] == [0, 4, 8, 12, 16, 20]
 
 
 def test_a_summary_writer_is_made_for_functions_that_take_it(tmp_path):
@@ -243,16 +243,16 @@ def test_a_summary_writer_is_made_for_functions_that_take_it(tmp_path):
         _trainer(board, num_epochs=1)[0].fit()
         names = event_files(save_dir)
         assert len(names) == files  # the scalars file, then the SummaryWriter's: name order is creation order
-        assert [s for s, _ in read_scalars(names[0])["loss/cls_loss"]] == [22]
+        assert [s for s, _ in read_scalars(names[0])["loss/cls_loss"]] == [0]
     assert ("images", "SummaryWriter") in made
-    assert read_scalars(tmp_path / "2")["custom/step"] == [(22, 22.0)]
+    assert read_scalars(tmp_path / "2")["custom/step"] == [(0, 0.0)]
 
 
 @pytest.mark.parametrize("writer_kwargs", [{"purge_step": 5}, {"write_to_disk": False}])
 def test_purge_step_and_write_to_disk_apply_to_the_scalars_file(tmp_path, writer_kwargs):
     save_dir = tmp_path / "tb"
     _trainer(TensorBoard(str(save_dir), update_freq=1), num_epochs=1)[0].fit()  # steps 0..22
-    _trainer(TensorBoard(str(save_dir), update_freq=23, **writer_kwargs), num_epochs=1)[0].fit()
+    _trainer(TensorBoard(str(save_dir), update_freq=22, **writer_kwargs), num_epochs=1)[0].fit()  # steps 0, 22
     if writer_kwargs.get("write_to_disk") is False:
         assert len(event_files(save_dir)) == 1  # nothing written
         return
@@ -277,7 +277,7 @@ def test_the_epoch_end_points_are_on_disk_before_the_next_epoch_begins(tmp_path)
         ends = [STEPS_PER_EPOCH * e for e in range(1, epoch + 1)]
         assert [s for s, _ in seen[epoch]["val/accuracy"]] == ends
         assert [s for s, _ in seen[epoch]["stats/epoch_time"]] == ends
-        assert [s for s, _ in seen[epoch]["loss/cls_loss"]] == [e - 1 for e in ends]
+        assert [s for s, _ in seen[epoch]["loss/cls_loss"]] == [e - STEPS_PER_EPOCH for e in ends]
 
 
 def test_points_written_before_a_crash_are_in_the_file(tmp_path):

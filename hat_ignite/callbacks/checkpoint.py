@@ -34,6 +34,7 @@ import ignite.distributed as idist
 import torch
 
 from hat_ignite.callbacks.base import CallbackMixin
+from hat_ignite.callbacks.checkpoint_keywords import KeywordsLoop
 from hat_ignite.callbacks.checkpoint_io import (
     HASH_KEY,
     PathLike,
@@ -224,28 +225,48 @@ class Checkpoint(CallbackMixin):
             reconcile(self.save_dir, self.name_prefix, self.last_path, self.best_path if self.mode else None,
                       resumed, self._best_iteration, self._write_best)
 
-    def on_step_end(self, loop: LoopBase, epoch_id: int, global_step_id: int, storage: Any,
-                    val_metrics: Any, **kwargs: Any) -> None:
+    def on_step_end(self, epoch_id: int, global_step_id: int, storage: Any = None, val_metrics: Any = None,
+                    loop: LoopBase | None = None, **kwargs: Any) -> None:
+        """Save every ``save_interval`` steps (``interval_by="step"``).
+
+        Without ``loop`` (HAT's loop, a custom loop), the checkpoint is made from the keywords
+        given: ``model``, ``ema_model``, ``optimizer`` (see :class:`.checkpoint_keywords.KeywordsLoop`).
+        """
         if self.interval_by == "step" and (global_step_id + 1) % self.save_interval == 0:
-            self.save_point(loop, "step", global_step_id, epoch_id, global_step_id, storage, val_metrics)
+            source: Any = loop if loop is not None else KeywordsLoop(
+                kwargs.get("model"), kwargs.get("ema_model"), kwargs.get("optimizer"), epoch_id, global_step_id,
+                storage, num_steps=kwargs.get("num_steps"),
+            )
+            self.save_point(source, "step", global_step_id, epoch_id, global_step_id, storage, val_metrics)
 
-    def on_epoch_end(self, loop: LoopBase, epoch_id: int, global_step_id: int, storage: Any,
-                     val_metrics: Any, **kwargs: Any) -> None:
+    def on_epoch_end(self, epoch_id: int, global_step_id: int, storage: Any = None, val_metrics: Any = None,
+                     loop: LoopBase | None = None, **kwargs: Any) -> None:
+        """Save every ``save_interval`` epochs (``interval_by="epoch"``); ``loop`` as in :meth:`on_step_end`."""
         if self.interval_by == "epoch" and (epoch_id + 1) % self.save_interval == 0:
-            self.save_point(loop, "epoch", epoch_id, epoch_id, global_step_id, storage, val_metrics)
+            source: Any = loop if loop is not None else KeywordsLoop(
+                kwargs.get("model"), kwargs.get("ema_model"), kwargs.get("optimizer"), epoch_id, global_step_id,
+                storage, num_epochs=kwargs.get("num_epochs"),
+            )
+            self.save_point(source, "epoch", epoch_id, epoch_id, global_step_id, storage, val_metrics)
 
-    def on_loop_end(self, loop: LoopBase, epoch_id: int, global_step_id: int, **kwargs: Any) -> None:
-        self._save_at_loop_end(loop, epoch_id, global_step_id)
+    def on_loop_end(self, epoch_id: int, global_step_id: int, loop: LoopBase | None = None,
+                    storage: Any = None, **kwargs: Any) -> None:
+        """Save ``last`` (``save_on_train_end``); ``loop`` as in :meth:`on_step_end`."""
+        source: Any = loop if loop is not None else KeywordsLoop(
+            kwargs.get("model"), kwargs.get("ema_model"), kwargs.get("optimizer"), epoch_id, global_step_id, storage,
+        )
+        self._save_at_loop_end(source, epoch_id, global_step_id)
         self._check_best_written()
 
-    def _save_at_loop_end(self, loop: LoopBase, epoch_id: int, global_step_id: int) -> None:
+    def _save_at_loop_end(self, source: Any, epoch_id: int, global_step_id: int) -> None:
         if not self.save_on_train_end:
             return
-        loop.settle_updates()  # every rank: a skipped update raises on all of them
-        if not self._is_writer() or self._saved_iteration == loop.state.iteration:
+        source.settle_updates()  # every rank: a skipped update raises on all of them
+        if not self._is_writer() or self._saved_iteration == source.state.iteration:
             return  # the final save point already wrote this state
-        path = atomic_save(with_content_hash(self._training_state(loop, epoch_id, global_step_id)), self.last_path)
-        self._saved_iteration = loop.state.iteration
+        os.makedirs(self.save_dir, exist_ok=True)  # a hook called with no on_loop_begin first
+        path = atomic_save(with_content_hash(self._training_state(source, epoch_id, global_step_id)), self.last_path)
+        self._saved_iteration = source.state.iteration
         logger.info("Saved checkpoint %s at the end of training.", path)
 
     def save_resume_point(self, loop: LoopBase) -> str | None:
@@ -426,3 +447,4 @@ class Checkpoint(CallbackMixin):
             f"Checkpoint(save_dir={self.save_dir!r}, name_prefix={self.name_prefix!r}, "
             f"interval_by={self.interval_by!r})"
         )
+

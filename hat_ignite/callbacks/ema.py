@@ -114,6 +114,8 @@ class ExponentialMovingAverage(CallbackMixin):
         self.updates = 0
         self._ema: nn.Module | None = None
         self._hook: Any = None
+        #: no optimizer to watch (HAT-style calls): average on every step end, as HAT does
+        self._every_step = False
         self._stepped = False
         self._loaded_checkpoint: int | None = None
 
@@ -163,8 +165,14 @@ class ExponentialMovingAverage(CallbackMixin):
     def _mark_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._stepped = True
 
-    def on_loop_begin(self, loop: LoopBase, model: nn.Module, optimizer: Any, **kwargs: Any) -> None:
-        if self._ema is None or loop.ema_model is not self._ema:
+    def on_loop_begin(self, loop: LoopBase, model: nn.Module, optimizer: Any = None, **kwargs: Any) -> None:
+        """Make the EMA copy, set ``loop.ema_model``, and watch the optimizer's updates.
+
+        Called as HAT's own loop calls it (``loop`` and ``model``, no ``optimizer``), the
+        loop's ``optimizer`` attribute is watched; with no optimizer at all the average moves
+        on every ``on_step_end`` that passes the model, as HAT's does.
+        """
+        if self._ema is None or getattr(loop, "ema_model", None) is not self._ema:
             ema = copy.deepcopy(unwrap_model(model))
             ema.eval()
             ema.requires_grad_(False)
@@ -173,12 +181,13 @@ class ExponentialMovingAverage(CallbackMixin):
         loop.ema_model = self._ema
         self._remove_hook()
         if optimizer is None:
-            raise ValueError(
-                "ExponentialMovingAverage averages the model after each optimizer update, but the "
-                "loop has no optimizer; use it in a Trainer's callbacks."
-            )
-        self._hook = optimizer.register_step_post_hook(self._mark_step)
+            optimizer = getattr(loop, "optimizer", None)
         self._stepped = False
+        self._every_step = optimizer is None
+        if optimizer is None:
+            logger.warning("ExponentialMovingAverage: no optimizer to watch; the average moves on every step end.")
+            return
+        self._hook = optimizer.register_step_post_hook(self._mark_step)
 
     def _load_from_checkpoint(self, checkpoint: Any) -> None:
         if not isinstance(checkpoint, Mapping) or checkpoint.get("ema_state_dict") is None:
@@ -196,8 +205,15 @@ class ExponentialMovingAverage(CallbackMixin):
         self._loaded_checkpoint = id(checkpoint)
         logger.info("ExponentialMovingAverage: EMA weights restored from the checkpoint (%d updates).", self.updates)
 
-    def on_step_end(self, model: nn.Module, **kwargs: Any) -> None:
-        if self._stepped:
+    def on_step_end(self, global_step_id: int | None = None, model: nn.Module | None = None, **kwargs: Any) -> None:
+        """Average the model in when the optimizer updated it during this step.
+
+        HAT calls this hook with the step id first (``on_step_end(0, model=...)``); without a
+        ``model``, or before any ``on_loop_begin``, there is nothing to average (as in HAT).
+        """
+        if model is None or self._ema is None:
+            return
+        if self._stepped or self._every_step:
             self._stepped = False
             self.update(model)
 

@@ -96,7 +96,12 @@ class GradScale(CallbackMixin):
         #: parameter name -> the gradient accumulated (and scaled) since the last update
         self._grad_cache: dict[str, torch.Tensor] = {}
 
-    def on_loop_begin(self, model: nn.Module, **kwargs: Any) -> None:
+    def on_loop_begin(self, model: nn.Module | None = None, **kwargs: Any) -> None:
+        """Empty the accumulator; check each entry against the model's parameter names when given."""
+        self._grad_cache = {}
+        if model is None:  # called as HAT's tests call it, with no keywords
+            logger.info("GradScale: %s", self.module_and_scale)
+            return
         names = [n for n, _ in model.named_parameters()]
         for name, scale, task in self.module_and_scale:
             if not any(name in n for n in names):
@@ -129,7 +134,7 @@ class GradScale(CallbackMixin):
             grad.zero_()
 
     @torch.no_grad()
-    def on_optimizer_step_begin(self, model: nn.Module, optimizer: Any, grad_scaler: Any, **kwargs: Any) -> None:
+    def on_optimizer_step_begin(self, model: nn.Module, optimizer: Any, grad_scaler: Any = None, **kwargs: Any) -> None:
         """Put the accumulated gradients back, then clip them if asked (after ``unscale_``)."""
         cache = self._grad_cache
         for pname, param in model.named_parameters():
@@ -138,7 +143,8 @@ class GradScale(CallbackMixin):
                 param.grad = held
         self._grad_cache = {}
         if self.clip_grad_norm is not None:
-            grad_scaler.unscale_(optimizer)
+            if grad_scaler is not None:
+                grad_scaler.unscale_(optimizer)
             torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=self.clip_grad_norm, norm_type=self.clip_norm_type)
 
     def __repr__(self) -> str:

@@ -161,18 +161,23 @@ class CosLrUpdater(LrUpdaterBase):
             raise ValueError(f"CosLrUpdater(max_steps={max_steps!r}): give an integer, or -1 for the whole run.")
         if max_epoch is not None and (isinstance(max_epoch, bool) or not isinstance(max_epoch, int)):
             raise ValueError(f"CosLrUpdater(max_epoch={max_epoch!r}): give an integer, or -1 to use max_steps.")
-        self.max_steps = -1 if max_steps is None else max_steps
+        #: Steps of formal training: the argument until loop begin, then the steps derived from
+        #: the run (as HAT reads it after loop begin).
+        self.max_steps: float = -1 if max_steps is None else max_steps
         self.max_epoch = -1 if max_epoch is None else max_epoch
         self.stop_lr = float(stop_lr)
+        self._max_steps_arg: float = self.max_steps
         self._decay_steps: float | None = self.max_steps if self.max_steps >= 0 and self.max_epoch <= 0 else None
 
     def prepare(self) -> None:
         if self.max_epoch > 0:
             spe = self.require(self.step_per_epoch, "the steps per epoch (max_epoch)")
             self._decay_steps = self.max_epoch * spe - self.warmup_steps
-        elif self.max_steps < 0:
+        elif self._max_steps_arg < 0:
             total = self.require(self.total_steps, "the run's total steps (max_steps=-1)")
             self._decay_steps = total - self.warmup_steps
+        # derived anew from the argument at every loop begin (a later stage recomputes it)
+        self.max_steps = self.require(self._decay_steps, "max_steps")
 
     def get_lr(self, begin_lr: float, num_update: int) -> float:
         span = self.require(self._decay_steps, "max_steps")
@@ -248,9 +253,13 @@ class OneCycleUpdater(LrUpdaterBase):
             raise ValueError(f"OneCycleUpdater(pct_start={pct_start!r}): give a fraction in (0, 1).")
         self.lr_max = float(lr_max)
         self.div_factor = float(div_factor)
+        #: The lr the cycle starts from, the same for every param group (HAT's attribute).
+        self.warmup_begin_lr = self.lr_max / self.div_factor
         self.pct_start = float(pct_start)
         self.stop_lr = float(stop_lr)
         self._down_steps: float | None = None
+        #: Steps going down, known from loop begin (HAT's attribute).
+        self.max_steps: float | None = None
 
     @staticmethod
     def annealing_cos(start: float, end: float, pct: float) -> float:
@@ -261,10 +270,10 @@ class OneCycleUpdater(LrUpdaterBase):
         total = self.require(self.total_steps, "the run's number of steps")
         self.warmup_steps = total * self.pct_start
         self.warmup_updates = self.warmup_steps
-        self._down_steps = total - self.warmup_steps
+        self._down_steps = self.max_steps = total - self.warmup_steps
 
     def get_warmup_lr(self, warmup_end_lr: float, num_update: int) -> float:
-        return annealing_cos(self.lr_max / self.div_factor, warmup_end_lr, num_update / self.warmup_steps)
+        return annealing_cos(self.warmup_begin_lr, warmup_end_lr, num_update / self.warmup_steps)
 
     def get_lr(self, begin_lr: float, num_update: int) -> float:
         span = self.require(self._down_steps, "the run's length")

@@ -36,14 +36,11 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Iterable, cast
+from typing import Any, Iterable, cast
 
 import torch
 
 from hat_ignite.callbacks.base import CallbackMixin
-
-if TYPE_CHECKING:  # pragma: no cover
-    from hat_ignite.engine.loop import LoopBase
 
 __all__ = ["LrUpdaterBase", "annealing_cos"]
 
@@ -137,6 +134,9 @@ class LrUpdaterBase(CallbackMixin):
         self.warmup_steps: float = warmup_len if self.warmup_by == "step" else 0
         #: Warmup length in ``update_by`` units.
         self.warmup_updates: float | None = warmup_len if self.update_by == self.warmup_by else None
+        #: Warmup length in epochs, as HAT reads it: ``warmup_len`` (``warmup_by="epoch"``), else
+        #: ``ceil(warmup_len / len(data_loader))`` from loop begin (None before, or without a length).
+        self.warmup_epochs: float | None = warmup_len if self.warmup_by == "epoch" else None
         self._base_lrs: list[float] | None = None
         self._restored_base_lrs: list[float] | None = None
         self._apply_next_step = False
@@ -181,7 +181,13 @@ class LrUpdaterBase(CallbackMixin):
 
     # -- hooks ---------------------------------------------------------------------------------
     def on_loop_begin(self, optimizer: torch.optim.Optimizer | None, data_loader: Any,
-                      num_epochs: int | None, num_steps: int | None, loop: LoopBase, **kwargs: Any) -> None:
+                      num_epochs: int | None = None, num_steps: int | None = None, **kwargs: Any) -> None:
+        """Learn the run's lengths and the per-group base lrs.
+
+        ``num_epochs`` / ``num_steps`` default to None, so a caller passing only HAT's
+        ``optimizer`` and ``data_loader`` (HAT's own loop, a custom loop) works; an updater whose
+        schedule needs the run's length then says so.
+        """
         owner = type(self).__name__
         if optimizer is None:
             raise ValueError(f"{owner} needs the loop's optimizer, but the loop has none.")
@@ -193,6 +199,8 @@ class LrUpdaterBase(CallbackMixin):
         else:
             self.total_steps = num_steps
             self.total_epochs = math.ceil(num_steps / spe) if spe is not None and num_steps is not None else None
+        if self.warmup_by == "step" and spe is not None:
+            self.warmup_epochs = math.ceil(self.warmup_len / spe)
         if self.warmup_len == 0:
             self.warmup_steps, self.warmup_updates = 0, 0
         else:

@@ -18,10 +18,10 @@ Loss names: ``model_outs`` is flattened to dotted keys (``({"cls_loss": t}, logi
 tag drops the purely numeric parts (``loss/cls_loss``) unless two losses would then share a name.
 A loss tensor with several elements is summed, as the batch processor does before backward.
 
-Steps: with ``update_by="step"``, step ``global_step_id`` is written when
-``(global_step_id + 1) % update_freq == 0``, so ``N`` steps give ``N // update_freq`` points per
-tag. With ``update_by="epoch"``, the end of every ``update_freq``-th epoch is written at the
-number of steps done so far. Validation results are written at the ``global_step_id`` their record
+Steps: as in HAT, with ``update_by="step"``, step ``global_step_id`` is written when
+``global_step_id % update_freq == 0`` (the first step, then every ``update_freq``-th), so ``N``
+steps give ``ceil(N / update_freq)`` points per tag. With ``update_by="epoch"``, the end of epoch
+``epoch_id`` is written when ``epoch_id % update_freq == 0``, at the number of steps done so far. Validation results are written at the ``global_step_id`` their record
 carries; ``val/<name>`` for the values a ``MetricUpdater`` stores under its default key
 ``monitor_obj``, ``val/<key>/<name>`` for other keys. (``val_metrics`` themselves are not read
 between validations: they hold the previous validation's values until the next one runs; the
@@ -123,7 +123,7 @@ class TensorBoard(CallbackMixin):
         >>> _ = trainer.fit()
         >>> scalars = read_scalars(tmp.name)
         >>> sorted(scalars), [step for step, _ in scalars["loss/mse_loss"]]
-        (['loss/mse_loss', 'lr/group_0'], [1, 3, 5, 7, 9, 11])
+        (['loss/mse_loss', 'lr/group_0'], [0, 2, 4, 6, 8, 10])
         >>> tmp.cleanup()
     """
 
@@ -177,6 +177,7 @@ class TensorBoard(CallbackMixin):
         #: stage's files only, so stages sharing ``save_dir`` (HAT's ``ckpt_dir/tensorboard``) keep
         #: their own histories (see :func:`~hat_ignite.visualize.event_file.stage_suffix`).
         self.stage: str | None = None
+        self._began = False  # a loop began, or the files were opened for hooks called without one
 
     # -- files -----------------------------------------------------------------------------
     @property
@@ -277,7 +278,16 @@ class TensorBoard(CallbackMixin):
         hooks = super().overridden_hooks()
         return hooks if self.update_by == "epoch" else [h for h in hooks if h != "on_epoch_begin"]
 
-    def on_loop_begin(self, storage: dict[str, Any], loop: Any = None, **kwargs: Any) -> None:
+    def _open_without_loop(self) -> None:
+        """Open the files for hooks called with no ``on_loop_begin`` first (HAT's tests, a custom
+        loop); once, on rank 0."""
+        self._began = True
+        if idist.get_rank() == 0:
+            self._open(None)
+
+    def on_loop_begin(self, storage: dict[str, Any] | None = None, loop: Any = None, **kwargs: Any) -> None:
+        self._began = True
+        storage = {} if storage is None else storage
         self.close()
         self._seen = {key: storage.get(key) for key in (_VALIDATION_KEY, _STATS_KEY)}
         if idist.get_rank() == 0:
@@ -298,15 +308,23 @@ class TensorBoard(CallbackMixin):
         return methods
 
     def _on_batch_end_losses_only(self, model_outs: Any, epoch_id: int, global_step_id: int) -> None:
-        if self.update_by == "step" and (global_step_id + 1) % self.update_freq:
+        if self.update_by == "step" and global_step_id % self.update_freq:
             return  # not a step to write: decided here, without a second call
-        self.on_batch_end(model_outs, epoch_id, global_step_id)
+        self.on_batch_end(model_outs, epoch_id=epoch_id, global_step_id=global_step_id)
 
-    def on_batch_end(self, model_outs: Any, epoch_id: int, global_step_id: int, **kwargs: Any) -> None:
+    def on_batch_end(self, model_outs: Any, epoch_id: int | None = None, global_step_id: int = 0,
+                     **kwargs: Any) -> None:
+        """Write (or, by epoch, add up) the batch's losses and run the update functions.
+
+        ``epoch_id`` is optional: HAT's loop passes only ``model_outs`` and ``global_step_id``
+        here, and without it an epoch-wise TensorBoard adds up every batch.
+        """
+        if not self._began:
+            self._open_without_loop()
         if not self._writing:
             return
         if self.update_by == "step":
-            if (global_step_id + 1) % self.update_freq:
+            if global_step_id % self.update_freq:
                 return
             for name, value in loss_scalars(model_outs, self.loss_pattern).items():
                 self._scalar(f"loss/{name}", value, global_step_id)
@@ -314,7 +332,7 @@ class TensorBoard(CallbackMixin):
                 ids = {"epoch_id": epoch_id, "global_step_id": global_step_id}
                 self._run_funcs(global_step_id, model_outs, {**ids, **kwargs})
             return
-        if (epoch_id + 1) % self.update_freq:
+        if epoch_id is not None and epoch_id % self.update_freq:
             return
         for name, value in loss_scalars(model_outs, self.loss_pattern).items():
             value = value.detach().float().sum()
@@ -324,10 +342,11 @@ class TensorBoard(CallbackMixin):
             self._last_outs = model_outs
 
     def on_step_end(
-        self, global_step_id: int, storage: dict[str, Any], optimizer: Any = None, train_metrics: Any = None,
-        loop: Any = None, **kwargs: Any,
+        self, global_step_id: int, storage: dict[str, Any] | None = None, optimizer: Any = None,
+        train_metrics: Any = None, loop: Any = None, **kwargs: Any,
     ) -> None:
-        if self.update_by == "step" and (global_step_id + 1) % self.update_freq == 0:
+        storage = {} if storage is None else storage
+        if self.update_by == "step" and global_step_id % self.update_freq == 0:
             self._write_point(optimizer, train_metrics, global_step_id, loop)
         seen = self._seen  # a record already written is the very object still in storage: skip it
         if self._writing and (
@@ -339,10 +358,20 @@ class TensorBoard(CallbackMixin):
             self._scalars.write()
 
     def on_epoch_end(
-        self, epoch_id: int, global_step_id: int, storage: dict[str, Any], optimizer: Any = None,
-        train_metrics: Any = None, loop: Any = None, **kwargs: Any,
+        self, epoch_id: int, global_step_id: int | None = None, storage: dict[str, Any] | None = None,
+        optimizer: Any = None, train_metrics: Any = None, loop: Any = None, **kwargs: Any,
     ) -> None:
-        if self.update_by == "epoch" and (epoch_id + 1) % self.update_freq == 0:
+        """Write an epoch-wise point; hand every point so far to disk.
+
+        ``global_step_id`` and ``storage`` are optional (HAT's loop passes only ``epoch_id``
+        here): the point is then written at ``epoch_id``.
+        """
+        if not self._began:
+            self._open_without_loop()
+        storage = {} if storage is None else storage
+        if global_step_id is None:
+            global_step_id = epoch_id
+        if self.update_by == "epoch" and epoch_id % self.update_freq == 0:
             if self._writing:
                 for name, total in self._epoch_sums.items():
                     self._scalar(f"loss/{name}", total / self._epoch_counts[name], global_step_id)
@@ -359,8 +388,8 @@ class TensorBoard(CallbackMixin):
         if self._writer is not None:
             self._writer.flush()
 
-    def on_loop_end(self, storage: dict[str, Any], **kwargs: Any) -> None:
-        self._write_records(storage)
+    def on_loop_end(self, storage: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        self._write_records({} if storage is None else storage)
         self.close()
 
     def __repr__(self) -> str:
