@@ -219,6 +219,24 @@ def _sha256(path: str) -> str:
     return digest.hexdigest()
 
 
+def _verified_checkpoint(path: str) -> bool:
+    """Whether ``path`` is a hat-ignite checkpoint whose name's hash is its verified content hash.
+
+    hat-ignite names its checkpoints after the hash of what they hold (the same bytes for the
+    same state, whatever the zip container), not after the file's SHA-256;
+    :func:`~hat_ignite.callbacks.checkpoint_io.load_checkpoint` recomputes that hash and checks
+    it against the name.
+    """
+    from hat_ignite.callbacks.checkpoint_io import HASH_KEY, load_checkpoint
+    from hat_ignite.errors import CheckpointError
+
+    try:
+        saved = load_checkpoint(path)
+    except (CheckpointError, OSError):
+        return False
+    return isinstance(saved, dict) and isinstance(saved.get(HASH_KEY), str)
+
+
 def get_hash_file_if_hashed_and_local(in_file: str, check_hash: bool = True) -> str:
     """The local file to read for ``in_file``: itself, or its hashed name (``name-<sha256 prefix>.ext``).
 
@@ -226,7 +244,8 @@ def get_hash_file_if_hashed_and_local(in_file: str, check_hash: bool = True) -> 
     ``float-checkpoint-best.pth.tar``. A path with a scheme (``hdfs://``, ``http://``) is returned
     as it is. When ``in_file`` does not exist, a file of its directory named
     ``<name>-<hex>.<ext>`` is used; with ``check_hash``, its content's SHA-256 must start with
-    that hex.
+    that hex, or, for a checkpoint hat-ignite wrote, its verified content hash (what hat-ignite
+    names checkpoints after).
 
     Raises:
         ValueError: neither the file nor a hashed one exists, or the hash does not match.
@@ -252,7 +271,7 @@ def get_hash_file_if_hashed_and_local(in_file: str, check_hash: bool = True) -> 
     path = os.path.join(directory, found)
     match = pattern.search(found)
     if check_hash and match and match.group(1):
-        if not _sha256(path).startswith(match.group(1)):
+        if not _sha256(path).startswith(match.group(1)) and not _verified_checkpoint(path):
             raise ValueError(
                 f"The SHA-256 of {os.path.abspath(path)} does not start with {match.group(1)!r}, the hash in its "
                 f"name: the file is damaged or not the one saved. Use a good copy, or check_hash=False."

@@ -184,6 +184,32 @@ def test_get_binding_module_unwraps_data_parallel(hat_alias):
     assert get_binding_module(nn.DataParallel(net)) is net and get_binding_module(net) is net
 
 
+def test_the_hash_helper_accepts_the_checkpoints_hat_ignite_names_after_their_content(hat_alias, tmp_path):
+    """HAT's own Checkpoint tests resolve each saved file with get_hash_file_if_hashed_and_local:
+    hat-ignite names a periodic checkpoint after the hash of what it holds, which the helper
+    verifies by loading it; a damaged one is still refused."""
+    import torch
+
+    from hat.utils.hash import get_hash_file_if_hashed_and_local
+
+    from hat_ignite.callbacks.checkpoint import Checkpoint
+    from hat_ignite.engine import BasicBatchProcessor, Trainer
+
+    model = torch.nn.Linear(2, 1)
+    data = [(torch.randn(4, 2),)] * 2
+    Trainer(model=model, data_loader=data, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), device=None,
+            batch_processor=BasicBatchProcessor(need_grad_update=True,
+                                                loss_collector=lambda out: [out.sum()]),
+            num_epochs=1, callbacks=[Checkpoint(str(tmp_path), interval_by="step")]).fit()
+    (saved,) = [p for p in tmp_path.iterdir() if p.name.startswith("checkpoint-step-0-")]
+    assert get_hash_file_if_hashed_and_local(str(tmp_path / "checkpoint-step-0.pth.tar")) == str(saved)
+    data = bytearray(saved.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    saved.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="does not start with"):
+        get_hash_file_if_hashed_and_local(str(tmp_path / "checkpoint-step-0.pth.tar"))
+
+
 def test_hashed_checkpoint_names_resolve_as_hats(hat_alias, tmp_path, caplog):
     from hat.utils.hash import get_hash_file_if_hashed_and_local
 
