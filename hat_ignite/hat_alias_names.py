@@ -117,7 +117,7 @@ HAT_MODULES: dict[str, dict[str, str]] = {
     "hat.registry": _REGISTRY,
     "hat.engine": _ENGINE,
     "hat.engine.trainer": {"Trainer": _ENGINE["Trainer"]},
-    "hat.engine.predictor": {"Predictor": _ENGINE["Predictor"]},
+    "hat.engine.predictor": {"Predictor": _ENGINE["Predictor"], "launch": "hat_ignite.engine.launcher:launch_distributed"},
     "hat.engine.calibrator": {"Calibrator": _ENGINE["Calibrator"]},
     "hat.engine.loop_base": {"LoopBase": _ENGINE["LoopBase"], "PipeBase": "hat_ignite.engine.pipe:PipeBase"},
     "hat.engine.ddp_trainer": {

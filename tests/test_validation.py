@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from hat_ignite.callbacks.base import CallbackMixin
 from hat_ignite.callbacks.metric_updater import MetricUpdater
 from hat_ignite.callbacks.validation import MeanTeacherValidation, Validation
-from hat_ignite.engine import BasicBatchProcessor, Trainer, collect_loss_by_index
+from hat_ignite.engine import BasicBatchProcessor, Predictor, Trainer, collect_loss_by_index
 from hat_ignite.metrics import Accuracy
 
 STEPS_PER_EPOCH = 6
@@ -312,6 +312,15 @@ def test_several_loaders_with_their_own_callbacks():
     storage = trainer.state.storage
     assert storage["val_a"]["accuracy"] == pytest.approx(accuracy_of(trainer.model, loader(600, 700)), abs=1e-6)
     assert storage["val_b"]["accuracy"] == pytest.approx(accuracy_of(trainer.model, loader(700, 900)), abs=1e-6)
+    # HAT's flat form: one callback per loader, not in a list (HAT's multi-process predictor test)
+    flat = [per_loader[0][0], per_loader[1][0]]
+    validation = Validation([loader(600, 700), loader(700, 900)], BasicBatchProcessor(need_grad_update=False), flat,
+                            share_callbacks=False, log_interval=0)
+    trainer, _ = fit(validation, num_epochs=1)
+    assert set(trainer.state.storage) >= {"val_a", "val_b"}
+    with pytest.raises(ValueError, match="one callback \\(or list of them\\) per data loader: got 2 loader"):
+        Predictor(model=trainer.model, data_loader=[loader(600, 700), loader(700, 900)], callbacks=flat[:1],
+                  batch_processor=BasicBatchProcessor(need_grad_update=False), device=None, share_callbacks=False)
 
 
 def test_bad_arguments():

@@ -152,7 +152,10 @@ class Validation(CallbackMixin):
         if share_callbacks:
             self.callbacks = list(build_if_config(list(callbacks), "callbacks"))
         else:
-            self.callbacks = [list(build_if_config(list(cbs), f"callbacks[{i}]")) for i, cbs in enumerate(callbacks)]
+            self.callbacks = [  # as HAT: each entry is one loader's callback, or a list of them
+                list(build_if_config(list(cbs) if isinstance(cbs, (list, tuple)) else [cbs], f"callbacks[{i}]"))
+                for i, cbs in enumerate(callbacks)
+            ]
         val_model = build_if_config(val_model, "val_model")
         if val_model is not None and not isinstance(val_model, torch.nn.Module):
             raise TypeError(f"{name}: val_model must be None, a torch.nn.Module or a model config, got {type(val_model).__name__}.")

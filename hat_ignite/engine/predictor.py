@@ -88,13 +88,14 @@ class Predictor(LoopBase):
         callbacks = list(callbacks or [])
         per_loader: list[list[Any]] = []
         if not share_callbacks:
-            if len(callbacks) != len(self.data_loaders) or not all(isinstance(c, (list, tuple)) for c in callbacks):
+            if len(callbacks) != len(self.data_loaders):
                 raise ValueError(
-                    f"share_callbacks=False needs one callback list per data loader: got "
+                    f"share_callbacks=False needs one callback (or list of them) per data loader: got "
                     f"{len(self.data_loaders)} loader(s) and callbacks={callbacks!r}. Pass "
                     f"[[callbacks of loader 0], [callbacks of loader 1], ...] or share_callbacks=True."
                 )
-            per_loader = [list(c) for c in callbacks]
+            # as HAT: each entry is that loader's callback, or a list of them
+            per_loader = [list(c) if isinstance(c, (list, tuple)) else [c] for c in callbacks]
             callbacks = []
         metrics = build_if_config(metrics, "metrics")
         super().__init__(
