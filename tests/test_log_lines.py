@@ -27,6 +27,11 @@ def _expected(work_dir: str) -> list[str]:
             head + rf"hat_ignite\.callbacks\.metric_updater: Validation Epoch\[{epoch}\] accuracy={NUMBER}",
             head + rf"hat_ignite\.callbacks\.checkpoint: Saved checkpoint {wd}/checkpoints/float-checkpoint-epoch-"
                    rf"000{epoch}-\w+\.pth\.tar \(new best accuracy={NUMBER}\)\.",
+        ]
+        if epoch:  # keep_n=1: the file the previous epoch's line named goes, and says so
+            lines.append(head + rf"hat_ignite\.callbacks\.checkpoint: Removed old checkpoint {wd}/checkpoints/"
+                                rf"float-checkpoint-epoch-000{epoch - 1}-\w+\.pth\.tar \(keep_n=1\)\.")
+        lines += [
             head + rf"hat_ignite\.cli\.train: Epoch\[{epoch}\] last loss={NUMBER} lr={NUMBER} \({NUMBER} s\)",
         ]
     lines += [
