@@ -108,8 +108,9 @@ def run_step(engine: LoopBase, batch: Any) -> Any:
     handler left it in ``eval()``) is put back first, as Ignite's own trainer sets ``train()``
     each step; the check reads one flag.
 
-    Ignite stores the returned model outputs as ``engine.state.output``; they are stored there
-    before ``STEP_END`` too, for its hooks' ``model_outs``.
+    Ignite stores the returned value as ``engine.state.output``: the model outputs, or what the
+    loop's ``state_output`` makes of them; the model outputs are stored there before
+    ``STEP_END`` too, for its hooks' ``model_outs``.
     """
     clock = engine.step_clock
     if clock is not None:
@@ -123,7 +124,8 @@ def run_step(engine: LoopBase, batch: Any) -> Any:
         fire_hat_event(engine, HatEvents.STEP_END)
     if engine.stop_requested is not None or engine._stop_vote is not None:  # several processes vote each step
         engine._stop_if_requested()
-    return output
+    transform = engine.output_function  # state_output=: what Ignite handlers find in state.output
+    return output if transform is None else transform(output)
 
 
 def empty_loader_error(engine: LoopBase) -> DataError:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence, cast
 
 import torch
 from ignite.engine import Engine, Events
+from ignite.metrics import Metric
 
 from hat_ignite.engine.bridge import (
     check_log_interval,
@@ -30,6 +31,8 @@ from hat_ignite.engine.bridge import (
 from hat_ignite.engine.dispatch import attach_hat_callback, hat_hook_methods
 from hat_ignite.engine.event_registry import HatEventsMixin, quiet_ignite_messages
 from hat_ignite.engine.events import HatEvents
+from hat_ignite.engine.ignite_entries import attach_entry, bare_handler_error, is_handler_entry
+from hat_ignite.engine.outputs import note_model_outputs, state_output_function
 from hat_ignite.engine.resumable import ResumableLoopMixin
 from hat_ignite.engine.state import HatState
 
@@ -136,8 +139,11 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
             hooks.
         start_step: 0-based global step to start from.
         callbacks: HAT callbacks (or their configs): hat-ignite ``CallbackMixin`` subclasses,
-            callbacks written for HAT (any object with HAT ``on_*`` hooks and no ``attach``), or
-            any object with ``attach(engine)`` such as an Ignite handler; attached in list order.
+            callbacks written for HAT (any object with HAT ``on_*`` hooks and no ``attach``), any
+            object with ``attach(engine)``, or an Ignite handler or metric listed with its event or
+            name (``dict(handler=TerminateOnNan(), event="ITERATION_COMPLETED")``,
+            ``dict(handler=RunningAverage(...), name="loss")``: see
+            :mod:`~hat_ignite.engine.ignite_entries`); attached in list order.
         train_metrics: metrics on the training data, passed to every hook as a list, as in HAT
             (one metric ``m`` as ``[m]``, ``None`` as ``[None]``).
         val_metrics: metrics on the validation data, passed to every hook as a list (likewise).
@@ -153,6 +159,12 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
             (``dict(type="Torch2Compile", backend="inductor", mode=...)``), a dict of
             ``torch.compile`` settings, ``True`` for the defaults, or any callable
             ``model -> model``. ``None`` (default): eager.
+        state_output: what Ignite handlers find in ``engine.state.output`` after each step:
+            ``"model_outs"`` (default), what the model returned; ``"loss"``, the step's summed
+            loss as a detached 0-dim tensor (what Ignite's trainers leave there, so recipes such
+            as ``f"{engine.state.output:.2f}"`` or ``RunningAverage(output_transform=lambda x: x)``
+            work as written; reading it is the handler's host-device sync); or a callable
+            ``model_outs -> value``. HAT hooks get ``model_outs`` either way.
 
     ``batch_processor`` and ``data_loader`` may be ``None`` in an *export stage*: a loop with no
     step to run (``num_epochs=0`` / ``num_steps=0``) that only converts the model and fires the
@@ -188,6 +200,7 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
         profiler: Any = None,
         log_interval: float = 0,
         compiler: Any = None,
+        state_output: str | Callable[[Any], Any] = "model_outs",
     ) -> None:
         batch_processor = build_if_config(batch_processor, "batch_processor")
         if batch_processor is not None and not callable(batch_processor):
@@ -255,6 +268,9 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
         #: none. ``StatsMonitor`` sets it to split a step into data wait and compute without a
         #: ``STEP_BEGIN`` hook.
         self.step_clock: Callable[[], float] | None = None
+        #: ``state_output`` as a function of the model outputs, applied by the process function
+        #: after ``STEP_END``; ``None``: ``state.output`` is the model outputs.
+        self.output_function = state_output_function(self, state_output)
         self.model_convert_pipeline = pipeline
         self.resume_optimizer = resume_optimizer
         self.resume_epoch_or_step = resume_epoch_or_step
@@ -322,19 +338,21 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
         """Build (if configs) and attach ``callbacks`` in order; return the built objects."""
         built = []
         for i, cb in enumerate(callbacks):
+            if is_handler_entry(cb):  # dict(handler=..., event=...): an Ignite handler or metric
+                cb, handles = attach_entry(self, cb, f"{key}[{i}]")
+                self._callback_handles.extend(handles)
+                built.append(cb)
+                continue
             cb = build_if_config(cb, f"{key}[{i}]")
             attach = getattr(cb, "attach", None)
+            if isinstance(cb, Metric):  # its attach needs a name
+                raise bare_handler_error(cb, f"{key}[{i}]")
             if callable(attach):
                 handles = attach(self)
             elif hat_hook_methods(cb) or any(n.startswith("on_") for n in dir(type(cb))):
                 handles = attach_hat_callback(self, cb)  # a callback written for HAT, as it is
             else:
-                raise TypeError(
-                    f"{key}[{i}] is a {type(cb).__name__}, which has neither HAT hooks (on_step_end, "
-                    f"...) nor an attach(engine) method. A callback must be a HAT callback or an "
-                    f"Ignite-style handler with attach(engine); a plain function can be attached with "
-                    f"engine.add_event_handler."
-                )
+                raise bare_handler_error(cb, f"{key}[{i}]")
             if isinstance(handles, list):
                 self._callback_handles.extend(handles)
             built.append(cb)
@@ -385,6 +403,31 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
             return self.num_epochs == 0 or start_epoch >= self.num_epochs
         assert self.num_steps is not None  # __init__ requires num_steps with stop_by='step'
         return self.num_steps == 0 or start_step >= self.num_steps
+
+    def run(
+        self, data: Iterable | None = None, max_epochs: int | None = None, max_iters: int | None = None,
+        epoch_length: int | None = None,
+    ) -> Any:
+        """Ignite's ``run``; a new run without ``max_epochs`` / ``max_iters`` runs the loop's own
+        ``num_epochs`` (``stop_by="epoch"``) or ``num_steps`` (``stop_by="step"``), not Ignite's one epoch.
+
+        ``run(data)`` skips what :meth:`fit` does first (resumers, ``start_epoch`` /
+        ``start_step``); HAT's hooks fire as in :meth:`fit`.
+        """
+        state = self.state
+        new_run = (state.max_epochs is None and state.max_iters is None) or (
+            Engine._is_done(state) and self._internal_run_generator is None
+        )
+        if max_epochs is None and max_iters is None and new_run:
+            if self.stop_by == "epoch" and self.num_epochs:
+                max_epochs = self.num_epochs
+            elif self.stop_by == "step" and self.num_steps:
+                max_iters = self.num_steps
+        try:
+            return super().run(data, max_epochs=max_epochs, max_iters=max_iters, epoch_length=epoch_length)
+        except Exception as exc:
+            note_model_outputs(self, exc)
+            raise
 
     def fit(self) -> HatState:
         """Run the loop until ``num_epochs`` epochs or ``num_steps`` steps are done.
