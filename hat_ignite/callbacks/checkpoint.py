@@ -52,6 +52,7 @@ from hat_ignite.callbacks.checkpoint_files import (
     scan_checkpoints,
     weights_finite,
 )
+from hat_ignite.callbacks.checkpoint_lag import LateMetricWatch
 from hat_ignite.callbacks.checkpoint_monitor import metric_names, missing_key_hint, monitored_value
 from hat_ignite.callbacks.checkpoint_payload import training_state, unwrap_model
 from hat_ignite.callbacks.checkpoint_reconcile import reconcile
@@ -163,6 +164,9 @@ class Checkpoint(CallbackMixin):
         self._resumed_hashes: set[str] = set()
         self._resumed_numbers: set[tuple[str, int]] = set()
         self._last_finite: str | None = None
+        #: Warns when the monitored value in ``state.metrics`` was set after the read (see checkpoint_lag).
+        watched = mode is not None and best_refer_metric is None
+        self._lag = LateMetricWatch(monitor_metric_key) if watched and monitor_metric_key else None
 
     # -- file names ---------------------------------------------------------------------------
     def _path(self, name: str) -> str:
@@ -195,6 +199,8 @@ class Checkpoint(CallbackMixin):
         self._warned_missing = False
         self._missing_names = []
         self._last_finite = None
+        if self._lag is not None and self.interval_by == "epoch" and callable(getattr(loop, "add_event_handler", None)):
+            self._lag.start(loop)
         resumed = getattr(loop, "checkpoint", None)
         self._resumed_hashes, self._resumed_numbers = resume_marks(resumed)
         restored, self._restored = self._restored, False
@@ -255,6 +261,8 @@ class Checkpoint(CallbackMixin):
         source: Any = loop if loop is not None else KeywordsLoop(
             kwargs.get("model"), kwargs.get("ema_model"), kwargs.get("optimizer"), epoch_id, global_step_id, storage,
         )
+        if self._lag is not None:
+            self._lag.stop()
         self._save_at_loop_end(source, epoch_id, global_step_id)
         self._check_best_written()
 
@@ -385,6 +393,8 @@ class Checkpoint(CallbackMixin):
     def _update_best(self, storage: Any, val_metrics: Any, engine_metrics: Any = None) -> bool:
         if self.mode is None:
             return False
+        if self._lag is not None:
+            self._lag.note_read(storage, engine_metrics)
         value = monitored_value(self.monitor_metric_key, self.best_refer_metric, storage, val_metrics,
                                 engine_metrics)
         if value is None:

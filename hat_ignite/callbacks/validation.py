@@ -20,6 +20,14 @@ Everything those callbacks leave in the predictor's ``storage`` (e.g. a
 {"accuracy": 0.93}``) is copied into the training loop's ``storage`` under the same keys, where
 a checkpoint callback attached after this one finds it. ``storage["validation"]`` records the
 latest validation: ``{"epoch_id", "global_step_id", "results"}`` with ``results`` that copy.
+
+For Ignite handlers: ``validation.evaluator`` (a
+:class:`~hat_ignite.callbacks.validation_evaluator.ValidationEvaluator`) is an Ignite engine that
+runs with every validation, its ``state.metrics`` holding the results by name
+(``state.metrics["accuracy"]``): attach ``Checkpoint(score_function=...)``, ``EarlyStopping``,
+``common.gen_save_best_models_by_val_score`` or a logger's output handler to it as to an Ignite
+evaluator. Its events fire inside this callback's hook, so they come before the hooks of the
+callbacks listed after it.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ from ignite.engine import Events
 
 from hat_ignite.callbacks.base import CallbackMixin
 from hat_ignite.callbacks.checkpoint_payload import unwrap_model
+from hat_ignite.callbacks.validation_evaluator import ValidationEvaluator
 from hat_ignite.engine.loop import build_if_config, check_log_interval
 from hat_ignite.engine.predictor import Predictor
 
@@ -57,6 +66,10 @@ def _restore_modes(modes: dict[torch.nn.Module, bool]) -> None:
 
 class Validation(CallbackMixin):
     """Validate during training (when, on what and where results go: see the module docstring).
+
+    ``validation.evaluator`` is an Ignite engine that runs with every validation, its
+    ``state.metrics`` holding the results by name: attach Ignite's evaluator handlers to it
+    (:mod:`~hat_ignite.callbacks.validation_evaluator`).
 
     Args:
         data_loader: the validation loader, or a list of loaders (each run in turn).
@@ -171,6 +184,8 @@ class Validation(CallbackMixin):
         self.log_interval = log_interval
         self.use_ema_model = bool(use_ema_model)
         self._validated_at: int | None = None  # steps done at the latest validation of this run
+        #: The Ignite engine each validation runs, for Ignite handlers (see the module docstring).
+        self.evaluator = ValidationEvaluator(name)
 
     # -- which model -----------------------------------------------------------------------
     def select_source(self, model: torch.nn.Module, ema_model: torch.nn.Module | None) -> torch.nn.Module:
@@ -223,9 +238,11 @@ class Validation(CallbackMixin):
                 share_callbacks=self.share_callbacks,
             )
             predictor.add_event_handler(Events.COMPLETED, collect)
+            self.evaluator.follow(predictor)
             predictor.fit()
             del predictor, val_model
         finally:
+            self.evaluator.release()
             _restore_modes(modes)
             for cb in labelled:
                 cb.log_epoch_id = None
