@@ -20,6 +20,8 @@ from ignite.metrics import Accuracy as IgniteAccuracy
 from ignite.metrics import RunningAverage
 from torch.utils.data import DataLoader, Subset
 
+from conftest import run_tool
+from host_reads import HostReads
 from hat_ignite.callbacks import CallbackMixin, MetricUpdater, Validation
 from hat_ignite.callbacks import Checkpoint as HatCheckpoint
 from hat_ignite.data.digits import DigitsDataset
@@ -208,6 +210,20 @@ def test_a_recipe_reading_model_outputs_as_a_loss_names_loss_output():
     assert "loss_output(trainer)" in error_text(info.value)
 
 
+def test_state_output_loss_adds_no_host_read_to_a_step():
+    torch.manual_seed(0)
+    model = Net()
+    data = [(torch.randn(16, 4), torch.randint(0, 2, (16,))) for _ in range(30)]
+    trainer = Trainer(model=model, data_loader=data, device=None, num_epochs=1, state_output="loss",
+                      optimizer=torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, fused=True),
+                      batch_processor=BasicBatchProcessor(need_grad_update=True, loss_collector=collect_loss_by_index(0)))
+    reads = HostReads().attach(trainer)
+    with reads:
+        trainer.fit()
+    assert reads.reads(range(6, 26)) == {}  # the loss stays on the device until a handler reads it
+    assert trainer.state.output.dim() == 0
+
+
 def test_state_output_refuses_unknown_values():
     with pytest.raises(ValueError, match="state_output must be 'model_outs', 'loss' or a callable"):
         make_trainer(state_output="losses")
@@ -229,13 +245,13 @@ def test_ignite_handlers_listed_with_their_event_in_callbacks(tmp_path):
     trainer = make_trainer(num_epochs=2, model=model, state_output="loss", callbacks=[
         dict(handler=RunningAverage(output_transform=lambda x: x), name="loss"),
         dict(handler=TerminateOnNan(), event="ITERATION_COMPLETED"),
-        dict(handler=Checkpoint({"model": model}, DiskSaver(str(tmp_path), create_dir=True)),
+        dict(handler=Checkpoint({"model": model}, DiskSaver(str(tmp_path), create_dir=True), n_saved=None),
              event="EPOCH_COMPLETED", every=2),
     ])
     state = trainer.fit()
     assert 2.0 < state.metrics["loss"] < 2.4
     assert "TerminateOnNan" in trainer.event_handlers(Events.ITERATION_COMPLETED)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["model_8.pt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model_8.pt"]  # every=2: not after epoch 1
 
 
 def test_a_config_lists_ignite_handlers_and_terminate_on_nan_stops_the_run():
@@ -267,3 +283,25 @@ def test_bare_or_incomplete_ignite_entries_say_how_to_list_them(entry, message):
     with pytest.raises((TypeError, ValueError)) as info:
         make_trainer(num_epochs=1, callbacks=[entry])
     assert message in str(info.value) and "callbacks[0]" in str(info.value)
+
+
+def test_hat_train_builds_ignite_handlers_listed_in_a_config(write_config, tmp_path):
+    config = write_config("""
+        model = dict(type="MLPClassifier", in_features=64, hidden_features=16, num_classes=10)
+        data_loader = dict(type="torch.utils.data.DataLoader", batch_size=256,
+                           dataset=dict(type="DigitsDataset", split="train", val_ratio=0.2, seed=0))
+        float_trainer = dict(
+            type="Trainer", model=model, data_loader=data_loader, optimizer=dict(type="torch.optim.SGD", lr=0.1),
+            batch_processor=dict(type="BasicBatchProcessor", need_grad_update=True,
+                                 loss_collector=dict(type="collect_loss_by_index", indexes=0)),
+            device=None, num_epochs=1, state_output="loss",
+            callbacks=[
+                dict(handler=dict(type="ignite.handlers.TerminateOnNan"), event="ITERATION_COMPLETED"),
+                dict(handler=dict(type="ignite.metrics.RunningAverage", output_transform=lambda loss: loss),
+                     name="loss"),
+            ],
+        )
+    """)
+    proc = run_tool("hat-train", config, "--dry-run", "--work-dir", tmp_path / "dry", cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "ITERATION_COMPLETED: TerminateOnNan, Metric.iteration_completed" in proc.stdout

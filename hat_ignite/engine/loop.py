@@ -415,8 +415,12 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
         ``start_step``); HAT's hooks fire as in :meth:`fit`.
         """
         state = self.state
+        done = (state.max_iters is not None and state.iteration >= state.max_iters) or (
+            state.max_epochs is not None and (state.epoch >= state.max_epochs or (
+                state.epoch_length is not None and state.iteration >= state.epoch_length * state.max_epochs))
+        )  # as Ignite's run() decides it
         new_run = (state.max_epochs is None and state.max_iters is None) or (
-            Engine._is_done(state) and self._internal_run_generator is None
+            done and self._internal_run_generator is None
         )
         if max_epochs is None and max_iters is None and new_run:
             if self.stop_by == "epoch" and self.num_epochs:
