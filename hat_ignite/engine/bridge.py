@@ -7,7 +7,8 @@ each before any other handler of its Ignite event:
 =============================  =======================================================
 Ignite event                   HAT events fired
 =============================  =======================================================
-``STARTED``                    ``LOOP_BEGIN`` (after the model mode is set)
+``STARTED``                    ``LOOP_BEGIN`` (after the model mode is set and the attached
+                               Ignite handlers are adopted: ``ignite_handlers.py``)
 ``EPOCH_STARTED``              ``EPOCH_BEGIN`` (after ``sampler.set_epoch``; a trainer's
                                model modes are noted after it)
 ``ITERATION_STARTED``          ``STEP_BEGIN`` (registered once ``STEP_BEGIN`` has a handler)
@@ -30,6 +31,7 @@ import torch
 
 from hat_ignite.engine.dispatch import fire_hat_event
 from hat_ignite.engine.events import HatEvents
+from hat_ignite.engine.ignite_handlers import adopt_ignite_handlers
 from hat_ignite.engine.processors.nonfinite import in_distributed_run
 from hat_ignite.engine.state import EventStorage
 from hat_ignite.errors import DataError
@@ -71,6 +73,7 @@ def on_started(engine: LoopBase) -> None:
     engine.state.hat_batch_count = 0
     engine.state.epoch_open = False
     engine.set_model_mode()
+    adopt_ignite_handlers(engine)
     engine.fire_event(HatEvents.LOOP_BEGIN)
     engine._after_loop_begin(close_epoch)
 

@@ -392,6 +392,24 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
         finally:
             user_keys.extend(kept)
 
+    def _run_positioned(self, length: int, iteration: int) -> None:
+        """Run from ``iteration`` with the limit :meth:`_position` set.
+
+        A ``stop_by="step"`` run is Ignite's ``max_iters`` mode, where Ignite leaves
+        ``state.max_epochs`` ``None``; for the run's length it is the number of epochs the steps
+        reach, ``ceil(num_steps / len(data_loader))``, so that handlers reading it (Ignite's
+        ``BasicTimeProfiler`` sizes its tables by it) work. It is ``None`` again once ``run()``
+        returns, so that Ignite's ``run(max_iters=...)`` may follow.
+        """
+        by_step = self.stop_by == "step" and self.state.max_iters is not None
+        if by_step:
+            self.state.max_epochs = -(-self.state.max_iters // length)
+        try:
+            self.run(self._make_data(length, iteration))
+        finally:
+            if by_step:
+                self.state.max_epochs = None
+
     def _nothing_to_run(self, start_epoch: int | None = None, start_step: int | None = None) -> bool:
         start_epoch = self.start_epoch if start_epoch is None else start_epoch
         start_step = self.start_step if start_step is None else start_step
@@ -492,7 +510,10 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
                     f"{start_step // length}. Give one of them, or both consistent."
                 )
             self._position(iteration, length, limit)
-            self.run(self._make_data(length, iteration))
+            self._run_positioned(length, iteration)
+        elif self.stop_by == "step" and length:
+            self._position(0, length, limit)
+            self._run_positioned(length, 0)
         else:
             try:
                 self.run(self._make_data(length, 0), **limit)
