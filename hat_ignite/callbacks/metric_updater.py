@@ -38,6 +38,7 @@ import ignite.distributed as idist
 from hat_ignite.callbacks.base import CallbackMixin
 from hat_ignite.engine.loop import build_if_config
 from hat_ignite.metrics.base import iter_metrics, metric_name_values, reset_metrics
+from hat_ignite.metrics.interop import foreign_metric_kind
 
 __all__ = ["MetricUpdater", "format_name_values"]
 
@@ -185,6 +186,7 @@ class MetricUpdater(CallbackMixin):
         self._dirty = False  # updated since the last reset
         self._last_pairs: list[tuple[str, Any]] | None = None  # latest values computed this run
         self._checked_metrics: Any = None  # the metrics object _metrics() last found non-empty
+        self._warned: set[str] = set()  # classes of unwrapped torchmetrics / Ignite metrics warned about
         self._restored: dict[str, Any] | None = None  # a checkpoint's state, applied at loop begin
         #: The epoch id its epoch line shows instead of the loop's own: a ``Validation`` sets it to the
         #: training epoch it validates, so that line reads ``Validation Epoch[3]``, not ``Epoch[0]``.
@@ -202,7 +204,28 @@ class MetricUpdater(CallbackMixin):
                 "the training loop's val_metrics)."
             )
         self._checked_metrics = metrics
+        self._warn_unwrapped(metrics)
         return metrics
+
+    def _warn_unwrapped(self, metrics: Any) -> None:
+        """Warn once per metric class about a torchmetrics or Ignite metric used without ``MetricAdapter``."""
+        for metric in iter_metrics(metrics):
+            kind = foreign_metric_kind(metric)
+            name = type(metric).__name__
+            if kind is None or name in self._warned or idist.get_rank() != 0:
+                continue
+            self._warned.add(name)
+            order = "update(preds, target)" if kind == "torchmetrics" else "update((y_pred, y))"
+            logger.warning(
+                "MetricUpdater: the %s metric %s is used unwrapped. It takes %s, while HAT's update "
+                "functions call metric.update(labels, preds): called so, it computes with the two "
+                "swapped, silently (with class ids as predictions, precision is reported as recall, "
+                "and a checkpoint's best follows it). Wrap it: MetricAdapter(%s(...), name=%r) "
+                "(hat_ignite.metrics.MetricAdapter; in a config dict(type=\"MetricAdapter\", "
+                "metric=dict(type=...), name=...)) takes HAT's order; an update function that "
+                "already passes the predictions first may wrap it too, to name it.",
+                kind, name, order, name, name.lower(),
+            )
 
     def _reset(self, train_metrics: Any) -> None:
         reset_metrics(self._metrics(train_metrics))
