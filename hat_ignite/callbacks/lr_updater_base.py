@@ -245,7 +245,10 @@ class LrUpdaterBase(CallbackMixin):
     def on_epoch_begin(self, optimizer: torch.optim.Optimizer, epoch_id: int, global_step_id: int,
                        **kwargs: Any) -> None:
         self._apply(optimizer, epoch_id, global_step_id)
-        self._log(optimizer, epoch_id, 0, global_step_id)
+        # the epoch's first step: 0, or the step a run resumed inside the epoch goes on from
+        first = getattr(getattr(kwargs.get("loop"), "state", None), "epoch_first_step", None)
+        step_id = global_step_id - first if isinstance(first, int) and 0 <= first <= global_step_id else 0
+        self._log(optimizer, epoch_id, step_id, global_step_id)
 
     def on_step_begin(self, optimizer: torch.optim.Optimizer, epoch_id: int, step_id: int,
                       global_step_id: int, **kwargs: Any) -> None:

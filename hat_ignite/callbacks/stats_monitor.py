@@ -279,7 +279,7 @@ class StatsMonitor(CallbackMixin):
                 "Epoch[%d] Step[%d] GlobalStep[%d] %s samples/sec, step %.4fs (data %.4fs, compute %.4fs), "
                 "lr=%s, eta %s, peak memory %s MiB",
                 epoch_id, step_id, global_step_id, "?" if speed is None else f"{speed:.1f}",
-                figures["step_time"], figures["data_time"], figures["compute_time"], figures["lr"],
+                figures["step_time"], figures["data_time"], figures["compute_time"], _fmt_lr(figures["lr"]),
                 _eta_text(figures["eta_seconds"]), _fmt_mib(figures["peak_memory_mib"]),
             )
             if "profiler_top" in figures:
@@ -316,6 +316,11 @@ class StatsMonitor(CallbackMixin):
 
 def _fmt_s(seconds: float | None) -> str:
     return "?" if seconds is None else f"{seconds:.4f}"
+
+
+def _fmt_lr(lr: float | None) -> str:
+    """An lr as the LR updaters log it: 6 significant digits (``0.018``, not ``0.018000000000000002``)."""
+    return "?" if lr is None else f"{lr:.6g}"
 
 
 def _fmt_mib(mib: float | None) -> str:

@@ -58,6 +58,46 @@ def _checkpoint_dirs(trainer: Any, work_path: str) -> list[tuple[str, str]]:
     return dirs or [(os.path.join(work_path, "checkpoints"), "")]
 
 
+def previous_run_note(trainer: Any, work_path: str, stage: str, argv: Sequence[str]) -> str | None:
+    """What a fresh run (no ``--resume``) is about to replace in ``work_path``, or ``None`` when nothing.
+
+    An earlier run of ``stage`` left its log (``{stage}_train.log``), its ``metrics.json`` entry
+    (``{stage}_train``) or checkpoints of the trainer's ``Checkpoint`` callbacks there; a fresh run
+    writes the same checkpoint names, the same entry and curves again, and a
+    ``TensorBoard(overwrite=True)`` removes the stage's event files. The note says so, and how to
+    continue that run (``--resume``) or keep it (another ``--work-dir``).
+    """
+    found: list[str] = []
+    log = os.path.join(work_path, f"{stage}_train.log")
+    if os.path.isfile(log):
+        found.append(os.path.basename(log))
+    try:
+        with open_regular(os.path.join(work_path, "metrics.json")) as f:
+            if f"{stage}_train" in json.load(f):
+                found.append(f"metrics.json ({stage}_train)")
+    except (OSError, ValueError, TypeError):
+        pass
+    checkpoints = 0
+    for save_dir, prefix in _checkpoint_dirs(trainer, work_path):
+        if prefix and os.path.isdir(save_dir):  # without a prefix, other stages' files may be there too
+            checkpoints += sum(1 for name in os.listdir(save_dir) if name.startswith(prefix) and ".pth" in name)
+    if checkpoints:
+        found.append(f"{checkpoints} checkpoint file(s)")
+    if not found:
+        return None
+    overwrites = [
+        os.path.abspath(cb.save_dir) for cb in getattr(trainer, "callbacks", [])
+        if type(cb).__name__ == "TensorBoard" and getattr(cb, "overwrite", False) is True
+        and isinstance(getattr(cb, "save_dir", None), str)
+    ]
+    history = f", TensorBoard(overwrite=True) removes its event files in {', '.join(overwrites)}" if overwrites else ""
+    return (
+        f"{work_path} holds an earlier {stage} run ({', '.join(found)}). This run starts afresh: it "
+        f"replaces that run's checkpoints, metrics.json entry and curves{history}, and appends to its "
+        f"log. To continue that run instead: {resume_command(argv)}; to keep it, give another --work-dir."
+    )
+
+
 class _Resume:
     """Restores a loaded checkpoint into the loop when ``fit()`` starts (``loop.schedule_resume``)."""
 

@@ -66,6 +66,7 @@ from hat_ignite.cli.resume import (
     find_resume,
     finished_run,
     install_stop_signals,
+    previous_run_note,
     stop_report,
 )
 from hat_ignite.cli.stages import check_stage_inputs, record_lineage
@@ -207,8 +208,11 @@ def _train(argv: Sequence[str]) -> int:
                     "resume with a larger num_epochs/num_steps in --opts.", work_path, finished, found[0])
         return 0
     main_process = is_main_process()  # rank 0 writes files and shows progress; every rank trains
+    rerun = previous_run_note(trainer, work_path, args.stage, argv) if main_process and not args.resume else None
     work_dir.create(lock_command=command_line("hat-train", argv) if main_process else None)
     attach_log_file(work_dir.file(f"{args.stage}_train.log"))
+    if rerun:
+        logger.warning(rerun)
     if main_process:
         dump_config(cfg, work_dir.file(f"{args.stage}_train_config.py"))
     logger.info("config %s, stage %s, work dir %s", cfg.filename, stage_key, work_path)
