@@ -137,7 +137,7 @@ class SlowHooks(CallbackMixin):
 
 
 def test_handlers_time_profiler_counts_each_hat_hook_once():
-    hooks = SlowHooks(sleep=0.03)
+    hooks = SlowHooks(sleep=0.06)
     trainer = make_trainer([hooks])
     profiler = HandlersTimeProfiler()
     profiler.attach(trainer)
@@ -147,15 +147,15 @@ def test_handlers_time_profiler_counts_each_hat_hook_once():
     wall = time.perf_counter() - t0
     rows = {(row[0], row[1]): row for row in profiler.get_results()}
     hook_rows = sum(row[2] for (name, _), row in rows.items() if name.startswith("SlowHooks."))
-    assert hook_rows == pytest.approx(hooks.spent, rel=0.1)
+    assert hook_rows == pytest.approx(hooks.spent, rel=0.2)
     # before: the step hooks were counted again in "Processing" and the others in the rows of the
     # loop's bridge handlers, so the rows added up to more than the run took
     assert len(hooks.processing_read) == 2 * STEPS
     assert all(before == after for before, after in hooks.processing_read)  # paused while the hook ran
     assert rows[("Total", "")][2] + rows[("Processing", "None")][2] + rows[("Dataflow", "None")][2] <= wall
-    bridges = ("on_started", "on_epoch_started", "close_epoch", "on_completed")  # hooks of 30 ms each
+    bridges = ("on_started", "on_epoch_started", "close_epoch", "on_completed")  # hooks of 60 ms each
     maxima = [row[4][0] for (name, _), row in rows.items() if name in bridges]
-    assert len(maxima) == len(bridges) and all(t < 0.015 for t in maxima), rows
+    assert len(maxima) == len(bridges) and all(t < 0.03 for t in maxima), rows
     # nothing stays behind: the next run, unprofiled, has only the hooks
     assert trainer.event_handlers(HatEvents.STEP_END) == ["SlowHooks.on_step_end"]
 
