@@ -79,6 +79,11 @@ class ResumableLoopMixin(_EngineBase):
     logger: logging.Logger
     _internal_run_generator: Any  # Ignite's paused run (Engine)
     _dataloader_iter: Any
+    #: Whether a loop without an optimizer also records its data position and generators (so
+    #: a stop and resume continues its data stream exactly) and votes on stopping: ``True`` for
+    #: a ``Calibrator``, whose observers depend on every batch they saw. Loops with an optimizer
+    #: always do.
+    keeps_data_position = False
 
     def _init_resumable(self) -> None:
         self._state_restored = False  # load_state_dict() was called since the last fit()
@@ -206,20 +211,31 @@ class ResumableLoopMixin(_EngineBase):
             self.logger.setLevel(level)
 
     def _run_resumers(self) -> None:
+        """Call the resumers; a scheduled one (``--resume``) replaces the converters' resumers.
+
+        A converter such as ``LoadCheckpoint`` of the previous stage's checkpoint (the float
+        weights a calibration starts from) has loaded its weights already. When a checkpoint of
+        this run is scheduled, only that one is the run's training state: the converter's file
+        must not set the progress, data position, callback states or generators first.
+        """
         pipeline = self.model_convert_pipeline
         converters = pipeline if isinstance(pipeline, (list, tuple)) else [] if pipeline is None else [pipeline]
         nested = [c for conv in converters for c in getattr(conv, "converters", None) or []]
-        for resumer in [*converters, *nested, *self._resumers]:
-            resume = getattr(resumer, "resume", None)
-            if callable(resume):
-                resume(self)
-        self._resumers = []
+        scheduled, self._resumers = self._resumers, []
+        own = [c for c in [*converters, *nested] if callable(getattr(c, "resume", None))]
+        if scheduled and own:
+            self.logger.info("Resuming from a checkpoint of this run: the training state of %s is not restored "
+                             "(only its weights were loaded, and the resumed checkpoint replaces them).",
+                             ", ".join(map(repr, own)))
+            own = []
+        for resumer in [*own, *scheduled]:
+            resumer.resume(self)
 
     def _make_data(self, length: int | None, start_iteration: int) -> Any:
         """The iterable ``run()`` goes over; places a pending position into it."""
         self.stopped_by = None
         self.resume_points = []
-        if self.optimizer is None:  # loops that do not train never resume (nor vote on stopping)
+        if self.optimizer is None and not self.keeps_data_position:  # e.g. a Predictor: never resumes
             self._data = None
             self._stop_vote = None
             return self.data_loader
