@@ -157,3 +157,54 @@ def test_a_worker_that_outlives_its_run_does_not_hold_the_work_dir_lock(tmp_path
     finally:
         if alive(worker):
             os.kill(worker, signal.SIGKILL)
+
+
+HOLDER = """
+import os, sys, time
+from hat_ignite.cli.workdir_lock import WorkDirLock
+lock = WorkDirLock(sys.argv[1], "holder")
+lock.acquire()
+child = os.fork()
+if child == 0:  # a forked child (as a data-loader worker is) that outlives its parent
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)
+    os.dup2(null, 2)  # the test reads the parent's output to its end
+    time.sleep(60)
+    os._exit(0)
+print(child, flush=True)
+os._exit(0)  # the parent dies without releasing: only the kernel drops its lock
+"""
+
+
+def test_a_forked_child_does_not_inherit_the_lock(tmp_path):
+    from hat_ignite.cli.workdir_lock import WorkDirLock
+
+    done = subprocess.run([sys.executable, "-c", HOLDER, str(tmp_path)], capture_output=True, text=True, timeout=60,
+                          env=env())
+    assert done.returncode == 0, done.stderr
+    child = int(done.stdout.split()[0])
+    try:
+        assert alive(child)
+        lock = WorkDirLock(str(tmp_path), "next run")
+        lock.acquire()  # was: WorkDirBusyError naming the dead parent, while the child lived
+        lock.release()
+    finally:
+        os.kill(child, signal.SIGKILL)
+
+
+def test_a_lock_held_in_the_name_of_a_dead_process_says_how_to_find_the_holder(tmp_path):
+    import fcntl
+    import json
+    import socket
+
+    from hat_ignite.cli.workdir_lock import LOCK_FILE, WorkDirBusyError, WorkDirLock
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid no process has any more
+    path = tmp_path / LOCK_FILE
+    path.write_text(json.dumps({"pid": gone.pid, "host": socket.gethostname(), "command": "hat-train old.py"}))
+    with path.open("r+") as held:  # what a worker of an older version kept after its run died
+        fcntl.flock(held, fcntl.LOCK_EX)
+        with pytest.raises(WorkDirBusyError, match=r"That process is gone, yet another process still holds the "
+                                                   rf"lock.*fuser -v {path}"):
+            WorkDirLock(str(tmp_path), "next run").acquire()
