@@ -282,7 +282,10 @@ class Checkpoint(CallbackMixin):
 
         The loop calls this when it stops on request (``loop.request_stop()``, e.g. on SIGTERM):
         a step file as a step-interval save point writes it, and ``last`` pointing at it.
-        Nothing is written twice when this step was already saved.
+        Nothing is written twice when this step was already saved. It never changes ``best``:
+        a straight run has no save point here, so a validation result not yet judged stays for
+        the next save point of the schedule (the resumed run's ``Validation`` puts it back into
+        the storage), and a stop cannot change which checkpoint is best.
 
         Returns:
             The file's absolute path (``None`` on ranks other than 0).
@@ -291,18 +294,21 @@ class Checkpoint(CallbackMixin):
         if self._saved_iteration == state.iteration and os.path.exists(self.last_path):
             return self.last_path if self._is_writer() else None
         step = state.iteration - 1
-        return self.save_point(loop, "step", step, max(state.epoch - 1, 0), step, state.storage, loop.val_metrics)
+        return self.save_point(loop, "step", step, max(state.epoch - 1, 0), step, state.storage, loop.val_metrics,
+                               judge_best=False)
 
     # -- saving ------------------------------------------------------------------------------
     def save_point(self, loop: LoopBase, kind: str, number: int, epoch_id: int, global_step_id: int,
-                   storage: Any = None, val_metrics: Any = None) -> str | None:
+                   storage: Any = None, val_metrics: Any = None, judge_best: bool = True) -> str | None:
         """Write a periodic checkpoint, update ``last`` (and ``best``), then rotate old files.
+
+        ``judge_best=False`` (a resume point written on a stop) leaves ``best`` as it is.
 
         Returns:
             The periodic file's absolute path (``None`` on ranks other than 0).
         """
         loop.settle_updates()  # before anything is written: never a checkpoint of a skipped update
-        is_best = self._update_best(storage, val_metrics, getattr(loop.state, "metrics", None))
+        is_best = judge_best and self._update_best(storage, val_metrics, getattr(loop.state, "metrics", None))
         if is_best:
             self._best_iteration = int(loop.state.iteration)
         if not self._is_writer():

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -93,18 +94,23 @@ def load_model_weights(
             path and the first offending keys.
     """
     path = os.path.abspath(os.fspath(path))
-    if key == "state_dict":
-        weights = dict(_model_weights(checkpoint, path))
-    else:
-        weights = dict(checkpoint[key])
+    source = _model_weights(checkpoint, path) if key == "state_dict" else checkpoint[key]
+    metadata = getattr(source, "_metadata", None)
+    weights = dict(source)
     if state_dict_update_func is not None:
-        weights = dict(state_dict_update_func(weights))
+        updated = state_dict_update_func(weights)
+        metadata = getattr(updated, "_metadata", metadata)
+        weights = dict(updated)
     target = unwrap_model(model)
     own = target.state_dict()
     if weights and all(k.startswith("module.") for k in weights) and not any(k.startswith("module.") for k in own):
         weights = {k[len("module."):]: v for k, v in weights.items()}
+        metadata = _renamed_metadata(metadata, lambda k: "" if k == "module" else k[len("module."):])
     if any("_orig_mod." in k for k in weights) and not any("_orig_mod." in k for k in own):
         weights = {k.replace("_orig_mod.", ""): v for k, v in weights.items()}  # saved from torch.compile(model)
+        metadata = _renamed_metadata(
+            metadata, lambda k: "" if k == "_orig_mod" else k.replace("_orig_mod.", "").replace("._orig_mod", ""),
+        )
     missing = [k for k in own if k not in weights]
     extra = [k for k in weights if k not in own]
     shapes = [
@@ -136,8 +142,20 @@ def load_model_weights(
         )
     if verbose and (missing or extra):
         logger.info("Loading %s into %s: missing %s; extra %s", path, type(target).__name__, missing, extra)
-    target.load_state_dict({k: v for k, v in weights.items() if k in own}, strict=False)
+    kept = OrderedDict((k, v) for k, v in weights.items() if k in own)
+    if metadata is not None:
+        # the modules' state-dict versions: without them torch treats every entry as written by
+        # the oldest version, and an observer's eps is silently reset to torch's default
+        kept._metadata = metadata  # type: ignore[attr-defined]
+    target.load_state_dict(kept, strict=False)
     return model
+
+
+def _renamed_metadata(metadata: Any, rename: Callable[[str], str]) -> Any:
+    """A state dict's ``_metadata`` (module path -> version info) with its module paths renamed."""
+    if metadata is None:
+        return None
+    return OrderedDict((rename(k), v) for k, v in metadata.items())
 
 
 def restore_training_state(

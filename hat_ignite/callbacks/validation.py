@@ -64,6 +64,29 @@ def _restore_modes(modes: dict[torch.nn.Module, bool]) -> None:
         module.training = training
 
 
+def _plain(value: Any) -> Any:
+    """``value`` with only what a weights-only checkpoint holds (numbers, strings, tensors, and
+    dicts/lists of them); other entries are left out.
+
+    >>> _plain({"monitor_obj": {"accuracy": 0.9, "f": print}, "n": [1, "a"]})
+    {'monitor_obj': {'accuracy': 0.9}, 'n': [1, 'a']}
+    """
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().clone()
+    if isinstance(value, dict):
+        pairs = ((str(k), _plain(v)) for k, v in value.items())
+        return {k: v for k, v in pairs if v is not _DROP}
+    if isinstance(value, (list, tuple)):
+        items = [_plain(v) for v in value]
+        return _DROP if any(v is _DROP for v in items) else items
+    return _DROP
+
+
+_DROP: Any = object()  # what _plain returns for a value a weights-only checkpoint cannot hold
+
+
 class Validation(CallbackMixin):
     """Validate during training (when, on what and where results go: see the module docstring).
 
@@ -186,6 +209,8 @@ class Validation(CallbackMixin):
         self._validated_at: int | None = None  # steps done at the latest validation of this run
         #: The Ignite engine each validation runs, for Ignite handlers (see the module docstring).
         self.evaluator = ValidationEvaluator(name)
+        self._latest: dict[str, Any] | None = None  # the record of the latest validation (see state_dict)
+        self._restored: dict[str, Any] | None = None  # a record load_state_dict got, put back at loop begin
 
     # -- which model -----------------------------------------------------------------------
     def select_source(self, model: torch.nn.Module, ema_model: torch.nn.Module | None) -> torch.nn.Module:
@@ -249,7 +274,25 @@ class Validation(CallbackMixin):
         storage.update(results)
         record = {"epoch_id": epoch_id, "global_step_id": global_step_id, "results": copy.deepcopy(results)}
         storage[STORAGE_KEY] = record
+        self._latest = record
         return results
+
+    # -- state ---------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The latest validation's record (``storage["validation"]``), saved in each checkpoint.
+
+        A resumed run puts its results back into the storage when its loop begins, where they
+        were in the straight run: a save point after the resume judges ``best`` on them, as the
+        straight run's does (a stop's resume point, written right after a validation, does not
+        judge it). Only numbers, strings, tensors and lists/dicts of them are kept, so the
+        checkpoint loads with ``weights_only=True``.
+        """
+        return {"latest": _plain(self._latest)}
+
+    def load_state_dict(self, state_dict: Any) -> None:
+        """Keep a saved record; the next loop begin puts its results back into the storage."""
+        latest = state_dict.get("latest") if isinstance(state_dict, dict) else None
+        self._restored = latest if isinstance(latest, dict) else None
 
     def _label_epoch(self, epoch_id: int) -> list[Any]:
         """Have the callbacks that log an epoch line (``MetricUpdater``) show the training ``epoch_id``."""
@@ -264,8 +307,13 @@ class Validation(CallbackMixin):
         hooks = super().overridden_hooks()
         return hooks if self.interval_by == "step" else [h for h in hooks if h != "on_step_end"]
 
-    def on_loop_begin(self, **kwargs: Any) -> None:
+    def on_loop_begin(self, storage: Any = None, **kwargs: Any) -> None:
         self._validated_at = None
+        restored, self._restored = self._restored, None
+        self._latest = restored
+        if restored is not None and isinstance(storage, dict):
+            storage.update(copy.deepcopy(restored.get("results") or {}))
+            storage[STORAGE_KEY] = copy.deepcopy(restored)
 
     def on_step_end(
         self, model: torch.nn.Module, ema_model: torch.nn.Module | None, device: Any, epoch_id: int,

@@ -8,8 +8,8 @@ sets them. A run that is already finished (its checkpoint is at the end of the s
 asks for, and ``metrics.json`` records that end) is left alone: ``hat-train`` says so, changes no
 file and exits 0 (see :func:`finished_run`).
 
-Signals: the handler only asks the trainer to stop (``request_stop``). The trainer finishes the
-running step, the ``Checkpoint`` callback writes a resumable checkpoint (a step file, and
+Signals: the handler only asks the trainer to stop (``request_stop``); a trainer waiting for a
+batch stops waiting at once (``interrupt_data_wait``). The trainer finishes the running step, the ``Checkpoint`` callback writes a resumable checkpoint (a step file, and
 ``last`` pointing at it), and ``hat-train`` exits with 128 + the signal number (143 for SIGTERM,
 130 for SIGINT) after printing the command that resumes. A second signal exits at once.
 """
@@ -275,9 +275,15 @@ def install_stop_signals(trainer: Any) -> tuple[list[int], Callable[[], None]]:
                     else "after the run ended" if live is None else "without saving")
             os.write(2, f"hat-train: {'second ' if received else ''}{signal.Signals(signum).name}: "
                         f"exiting now {done}\n".encode())
+            _end_worker_processes()
             os._exit(128 + signum)
         received.append(signum)
         live.request_stop(f"received {signal.Signals(signum).name}", code=signum)
+        # a loop waiting for a batch (a slow or stuck data loader) stops now: this raises inside
+        # that wait, and the loop writes the checkpoint of its last finished step
+        interrupt = getattr(live, "interrupt_data_wait", None)
+        if interrupt is not None:
+            interrupt()
 
     previous = {sig: signal.signal(sig, on_signal) for sig in _SIGNALS}
 
@@ -286,6 +292,22 @@ def install_stop_signals(trainer: Any) -> tuple[list[int], Callable[[], None]]:
             signal.signal(sig, handler)
 
     return received, restore
+
+
+def _end_worker_processes() -> None:
+    """Terminate this process's daemonic children (data-loader workers) before ``os._exit``.
+
+    ``os._exit`` skips the exit hook that ends them; a worker stuck in a dataset would otherwise
+    outlive the run.
+    """
+    import multiprocessing
+
+    for child in multiprocessing.active_children():
+        if child.daemon:
+            try:
+                child.terminate()
+            except OSError:
+                pass
 
 
 def stop_report(trainer: Any, signum: int, argv: Sequence[str], work_path: str) -> int:

@@ -11,7 +11,10 @@ the ``Checkpoint`` callback writes a resumable checkpoint, ``metrics.json`` is w
 ``"stopped_by_signal": true``, the log names the command that resumes, and the exit code is 143
 (SIGTERM) or 130 (SIGINT); a second signal exits at once. In a multi-process run the signal may
 reach every process, one rank, or only the launching process: all ranks stop after the same
-step and the job exits the same way (see :mod:`hat_ignite.cli.distributed`).
+step and the job exits the same way (see :mod:`hat_ignite.cli.distributed`). A signal that arrives
+while a single-process run waits for its next batch ends that wait at once (the checkpoint is of
+the last finished step), and a batch that has not come for ``--data-wait-limit`` seconds is
+reported (see :mod:`hat_ignite.engine.data_wait`).
 
 Only one run at a time writes into a work dir: rank 0 takes the work dir's lock before writing
 anything into it, and a second run into a busy work dir exits at once naming the other run's
@@ -171,6 +174,14 @@ def _train(argv: Sequence[str]) -> int:
         "--dry-run", action="store_true",
         help="build everything, print the engine and its handlers by event, and exit without training",
     )
+    from hat_ignite.engine.data_wait import DEFAULT_DATA_WAIT_LIMIT
+
+    parser.add_argument(
+        "--data-wait-limit", type=float, default=None, metavar="SECONDS",
+        help=f"report a data loader that has not delivered the next batch for this many seconds (a warning "
+             f"naming the wait and the loader's settings, repeated every further limit; default "
+             f"{DEFAULT_DATA_WAIT_LIMIT:g}; 0 turns the check off)",
+    )
     add_distributed_arguments(parser)
     add_resume_argument(parser)
     args = parse_arguments(parser, argv)
@@ -218,6 +229,8 @@ def _train(argv: Sequence[str]) -> int:
     logger.info("config %s, stage %s, work dir %s", cfg.filename, stage_key, work_path)
     label_stage(trainer, args.stage)  # stages sharing a TensorBoard directory keep their own histories
     bar = _attach_progress(trainer) if main_process else None
+    if args.data_wait_limit is not None:
+        trainer.data_wait_limit = args.data_wait_limit
     if args.resume:
         apply_resume(trainer, args.resume, cfg[stage_key], work_path, found=found)
     received, restore_signals = install_stop_signals(trainer)

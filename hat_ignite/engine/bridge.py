@@ -151,6 +151,8 @@ def close_epoch(engine: LoopBase) -> None:
 
 
 def on_completed(engine: LoopBase) -> None:
+    if engine._data_wait is not None:
+        engine._data_wait.stop()  # the data-loader watchdog: no batch is awaited any more
     if engine._stop_vote is not None:
         engine._stop_vote.close()  # the last step's vote: no step is left to act on it
     if engine.state.epoch_open and engine.stopped_by is None:  # a step limit or terminate() stopped it partway

@@ -44,12 +44,15 @@ them after the same step; rank 0 writes the checkpoint and the others wait for i
 
 from __future__ import annotations
 
+import functools
 import logging
+import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
+from hat_ignite.engine.data_wait import DEFAULT_DATA_WAIT_LIMIT, DataWait
 from hat_ignite.engine.resume import ResumableData, set_rng_state
 from hat_ignite.engine.stop_vote import StopVote
 
@@ -79,6 +82,11 @@ class ResumableLoopMixin(_EngineBase):
     logger: logging.Logger
     _internal_run_generator: Any  # Ignite's paused run (Engine)
     _dataloader_iter: Any
+    #: Whether a loop without an optimizer also records its data position and generators (so
+    #: a stop and resume continues its data stream exactly) and votes on stopping: ``True`` for
+    #: a ``Calibrator``, whose observers depend on every batch they saw. Loops with an optimizer
+    #: always do.
+    keeps_data_position = False
 
     def _init_resumable(self) -> None:
         self._state_restored = False  # load_state_dict() was called since the last fit()
@@ -97,6 +105,11 @@ class ResumableLoopMixin(_EngineBase):
         self.stopped_by: str | None = None
         #: What each ``save_resume_point`` returned when the loop stopped on request.
         self.resume_points: list[Any] = []
+        #: Seconds a step may wait for its batch before a watchdog thread reports the data loader
+        #: as stuck (repeated every further limit); ``0`` or ``None``: no watchdog. See
+        #: :mod:`hat_ignite.engine.data_wait`; ``hat-train --data-wait-limit`` sets it.
+        self.data_wait_limit: float | None = DEFAULT_DATA_WAIT_LIMIT
+        self._data_wait: DataWait | None = None
 
     # -- public API ------------------------------------------------------------------------
     def schedule_resume(self, resumer: Any) -> None:
@@ -126,6 +139,20 @@ class ResumableLoopMixin(_EngineBase):
             raise ValueError(f"request_stop: code must be a positive int, got {code!r}.")
         self.stop_code = int(code)
         self.stop_requested = str(reason)
+
+    def interrupt_data_wait(self) -> None:
+        """End a wait for the next batch now, when a stop was requested during it.
+
+        For the main thread's signal handler, right after :meth:`request_stop`: when the loop is
+        inside ``next()`` of its data iterator (a slow or stuck loader), this raises
+        :class:`~hat_ignite.engine.data_wait.DataWaitInterrupted` there; the loop then writes the
+        resumable checkpoint of the last finished step (``save_resume_point``) and stops, as at a
+        step boundary. Does nothing when the loop is not waiting for data, or in a run of several
+        processes (their ranks agree on stopping at step boundaries).
+        """
+        wait = self._data_wait
+        if wait is not None and self._stop_vote is None and self.stop_requested is not None:
+            wait.interrupt(self.stop_requested)
 
     def settle_updates(self) -> None:
         """Make known whether every queued optimizer update really ran; call before saving.
@@ -206,25 +233,37 @@ class ResumableLoopMixin(_EngineBase):
             self.logger.setLevel(level)
 
     def _run_resumers(self) -> None:
+        """Call the resumers; a scheduled one (``--resume``) replaces the converters' resumers.
+
+        A converter such as ``LoadCheckpoint`` of the previous stage's checkpoint (the float
+        weights a calibration starts from) has loaded its weights already. When a checkpoint of
+        this run is scheduled, only that one is the run's training state: the converter's file
+        must not set the progress, data position, callback states or generators first.
+        """
         pipeline = self.model_convert_pipeline
         converters = pipeline if isinstance(pipeline, (list, tuple)) else [] if pipeline is None else [pipeline]
         nested = [c for conv in converters for c in getattr(conv, "converters", None) or []]
-        for resumer in [*converters, *nested, *self._resumers]:
-            resume = getattr(resumer, "resume", None)
-            if callable(resume):
-                resume(self)
-        self._resumers = []
+        scheduled, self._resumers = self._resumers, []
+        own = [c for c in [*converters, *nested] if callable(getattr(c, "resume", None))]
+        if scheduled and own:
+            self.logger.info("Resuming from a checkpoint of this run: the training state of %s is not restored "
+                             "(only its weights were loaded, and the resumed checkpoint replaces them).",
+                             ", ".join(map(repr, own)))
+            own = []
+        for resumer in [*own, *scheduled]:
+            resumer.resume(self)
 
     def _make_data(self, length: int | None, start_iteration: int) -> Any:
         """The iterable ``run()`` goes over; places a pending position into it."""
         self.stopped_by = None
         self.resume_points = []
-        if self.optimizer is None:  # loops that do not train never resume (nor vote on stopping)
+        if self.optimizer is None and not self.keeps_data_position:  # e.g. a Predictor: never resumes
             self._data = None
             self._stop_vote = None
             return self.data_loader
         self._stop_vote = StopVote.for_this_run(getattr(self, "torch_device", torch.device("cpu")))
         self._data = ResumableData(self.data_loader)
+        self._watch_data(self._data)
         pending, self._pending_position = self._pending_position, None
         self._boundary_rng, self._replay_epoch_end = None, False
         if pending is None:
@@ -254,6 +293,41 @@ class ResumableLoopMixin(_EngineBase):
         else:
             self._boundary_rng = rng
         return self._data
+
+    def _watch_data(self, data: ResumableData) -> None:
+        """Record each batch fetch's start, start the watchdog, and let a stop end a wait."""
+        if self._data_wait is not None:
+            self._data_wait.stop()
+        wait = DataWait(self.data_loader, self.data_wait_limit, self._fetch_position, f"{type(self).__name__} loop")
+        ref = weakref.ref(self)
+
+        def interrupted() -> Any:
+            loop = ref()
+            return None if loop is None else loop._stop_while_waiting()
+
+        data.wrap = functools.partial(wait.watch, on_interrupt=interrupted)
+        self._data_wait = wait
+        wait.start()
+
+    def _fetch_position(self) -> str:
+        state = self.state
+        return f"epoch_id={max(state.epoch - 1, 0)}, global_step_id={state.iteration}"
+
+    def _stop_while_waiting(self) -> None:
+        """A stop requested while the loop waited for a batch: stop now, after the last finished step."""
+        data, state = self._data, self.state
+        if data is not None and state.iteration == state.epoch_first_step:
+            data.restore_epoch_start()  # nothing of the epoch is done: its iterator is made again
+        if not getattr(self.data_loader, "num_workers", 0):
+            self.logger.warning(
+                "Stopped while the data loader (no worker processes) was loading the batch of %s in this process: "
+                "random numbers the dataset drew for it are not rewound, so a resumed run equals a straight "
+                "one only when loading draws none (DataLoader workers do their drawing in their own processes).",
+                self._fetch_position(),
+            )
+        reason = self.stop_requested or "stop requested"
+        self._stop_now(f"{reason}, while waiting for the data loader", self.stop_code or 1)
+        return None  # the batch Ignite gets; terminate() ends the run before any step sees it
 
     def _after_loop_begin(self, close_epoch: Callable[[Any], None]) -> None:
         """Fire the on_epoch_end hooks of an epoch whose last step was saved before them."""
@@ -287,6 +361,11 @@ class ResumableLoopMixin(_EngineBase):
                 reason = self.stop_requested or f"another process asked to stop (code {code})"
         if not code:
             return
+        self._stop_now(reason, code)
+
+    def _stop_now(self, reason: str | None, code: int) -> None:
+        """Save the resume points of the state after the last finished step, and terminate."""
+        vote = self._stop_vote
         self.settle_updates()  # a skipped update raises here, before any checkpoint is written
         self.stop_requested = None
         self.stopped_by, self.stop_code = reason, code
