@@ -298,8 +298,13 @@ class ResumableLoopMixin(_EngineBase):
         """Record each batch fetch's start, start the watchdog, and let a stop end a wait."""
         if self._data_wait is not None:
             self._data_wait.stop()
-        wait = DataWait(self.data_loader, self.data_wait_limit, self._fetch_position, f"{type(self).__name__} loop")
-        ref = weakref.ref(self)
+        ref = weakref.ref(self)  # the watchdog refers to the loop weakly: no cycle keeps a finished loop alive
+
+        def where() -> str:
+            loop = ref()
+            return "" if loop is None else loop._fetch_position()
+
+        wait = DataWait(self.data_loader, self.data_wait_limit, where, f"{type(self).__name__} loop")
 
         def interrupted() -> Any:
             loop = ref()
