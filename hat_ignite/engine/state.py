@@ -32,8 +32,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from hat_ignite.engine.loop import LoopBase
 
 __all__ = [
-    "HatState", "EventStorage", "HOOK_KWARGS", "COMMON_KWARGS", "hook_kwargs", "kwargs_builder", "keyword_caller",
-    "accepted_kwargs", "disabled_grad_scaler", "hook_grad_scaler",
+    "HatState", "EventStorage", "HOOK_KWARGS", "COMMON_KWARGS", "hook_kwargs", "keyword_readers", "accepted_kwargs",
+    "disabled_grad_scaler", "hook_grad_scaler",
 ]
 
 _IDS = ("epoch_id", "step_id", "global_step_id")
@@ -195,44 +195,67 @@ class HatState(State):
         return max(self.iteration - 1 - self.epoch_first_step, 0)
 
 
-#: Where each keyword's value comes from, as an expression over ``loop`` and ``state``
-#: (``loop.state``). Step-level and sub-batch hooks differ in a few entries (below).
-_SOURCES: dict[str, str] = {
-    "loop": "loop",
-    "storage": "state.storage",
-    "train_metrics": "loop.train_metrics",
-    "val_metrics": "loop.val_metrics",
-    "profiler": "loop.profiler",
-    "model": "loop.model",
-    "ema_model": "loop.ema_model",
-    "optimizer": "loop.optimizer",
-    "data_loader": "loop.data_loader",
-    "num_epochs": "loop.num_epochs",
-    "num_steps": "loop.num_steps",
-    "start_epoch": "loop.start_epoch",
-    "start_step": "loop.start_step",
-    "device": "loop.device",
-    "callbacks": "loop.callbacks",
-    "grad_scaler": "hook_grad_scaler(loop)",
-    "epoch_id": "max(state.epoch - 1, 0)",
-    "step_id": "state.step_id",
-    "global_step_id": "state.iteration",  # outside a step: the id of the next step
-    "batch_idx": "state.batch_idx",
-    "batch": "state.batch",
-    "model_outs": "state.output",
+def _epoch_id(loop: LoopBase) -> int:
+    return max(loop.state.epoch - 1, 0)
+
+
+#: How each keyword's value is read from the running loop. Step-level and sub-batch hooks read a
+#: few of them elsewhere (:data:`_IN_STEP_VALUES`, :data:`_SUB_BATCH_VALUES`), as does ``on_loop_end``.
+_VALUES: dict[str, Callable[[Any], Any]] = {
+    "loop": lambda loop: loop,
+    "storage": lambda loop: loop.state.storage,
+    "train_metrics": lambda loop: loop.train_metrics,
+    "val_metrics": lambda loop: loop.val_metrics,
+    "profiler": lambda loop: loop.profiler,
+    "model": lambda loop: loop.model,
+    "ema_model": lambda loop: loop.ema_model,
+    "optimizer": lambda loop: loop.optimizer,
+    "data_loader": lambda loop: loop.data_loader,
+    "num_epochs": lambda loop: loop.num_epochs,
+    "num_steps": lambda loop: loop.num_steps,
+    "start_epoch": lambda loop: loop.start_epoch,
+    "start_step": lambda loop: loop.start_step,
+    "device": lambda loop: loop.device,
+    "callbacks": lambda loop: loop.callbacks,
+    "grad_scaler": hook_grad_scaler,
+    "epoch_id": _epoch_id,
+    "step_id": lambda loop: loop.state.step_id,
+    "global_step_id": lambda loop: loop.state.iteration,  # outside a step: the id of the next step
+    "batch_idx": lambda loop: loop.state.batch_idx,
+    "batch": lambda loop: loop.state.batch,
+    "model_outs": lambda loop: loop.state.output,
 }
-_IN_STEP_SOURCES = {"global_step_id": "state.iteration - 1"}
+_IN_STEP_VALUES: dict[str, Callable[[Any], Any]] = {"global_step_id": lambda loop: loop.state.iteration - 1}
+_SUB_BATCH_VALUES: dict[str, Callable[[Any], Any]] = {
+    **_IN_STEP_VALUES,
+    "batch": lambda loop: loop.state.sub_batch,
+    "losses": lambda loop: loop.state.losses,
+    "model_outs": lambda loop: loop.state.sub_model_outs,
+}
 # after the loop HAT's epoch counter has moved past the last epoch run: the epochs run so far
-_LOOP_END_SOURCES = {"epoch_id": "state.epoch"}
-_SUB_BATCH_SOURCES = {**_IN_STEP_SOURCES, "batch": "state.sub_batch", "losses": "state.losses",
-                      "model_outs": "state.sub_model_outs"}
+_LOOP_END_VALUES: dict[str, Callable[[Any], Any]] = {"epoch_id": lambda loop: loop.state.epoch}
+
+#: A reader ``(keyword, loop -> value)`` for each keyword a hook passes.
+Readers = tuple[tuple[str, Callable[[Any], Any]], ...]
 
 
-def _sources(hook: str, names: tuple[str, ...] | None) -> tuple[tuple[str, ...], dict[str, str]]:
-    """``names`` checked against ``hook`` (all of its keywords for ``None``), and where each comes from.
+@functools.lru_cache(maxsize=None)
+def keyword_readers(hook: str, names: tuple[str, ...] | None = None) -> Readers:
+    """How to read ``hook``'s keywords (or only ``names`` of them) from the running loop.
 
-    The sources are expressions over ``loop`` and ``state``; step-level and sub-batch hooks read
-    a few of them elsewhere (see :data:`_IN_STEP_SOURCES`, :data:`_SUB_BATCH_SOURCES`).
+    Args:
+        hook: a HAT hook name such as ``"on_step_end"``.
+        names: the keywords wanted, a subset of :func:`accepted_kwargs`; ``None`` for all, in
+            the order of :data:`HOOK_KWARGS` then :data:`COMMON_KWARGS`.
+
+    Returns:
+        ``(keyword, reader)`` pairs, where ``reader(loop)`` is the keyword's value right now.
+
+    Raises:
+        ValueError: ``hook`` is no HAT hook, or it does not pass one of ``names``.
+
+    >>> [name for name, _ in keyword_readers("on_epoch_begin", ("epoch_id",))]
+    ['epoch_id']
     """
     if hook not in HOOK_KWARGS:
         raise ValueError(f"{hook!r} is not a HAT hook; the hooks are {', '.join(HOOK_KWARGS)}.")
@@ -242,60 +265,14 @@ def _sources(hook: str, names: tuple[str, ...] | None) -> tuple[tuple[str, ...],
     unknown = [n for n in names if n not in allowed]
     if unknown:
         raise ValueError(f"{hook} does not pass {', '.join(map(repr, unknown))}; it passes {', '.join(allowed)}.")
-    sources = dict(_SOURCES)
+    values = dict(_VALUES)
     if hook in _SUB_BATCH_HOOKS:
-        sources.update(_SUB_BATCH_SOURCES)
+        values.update(_SUB_BATCH_VALUES)
     elif hook in _STEP_HOOKS:
-        sources.update(_IN_STEP_SOURCES)
+        values.update(_IN_STEP_VALUES)
     elif hook == "on_loop_end":
-        sources.update(_LOOP_END_SOURCES)
-    return names, sources
-
-
-def _generate(name: str, params: str, body: str) -> Callable[..., Any]:
-    """``def name(params): state = loop.state; return body``, with ``body`` as its docstring."""
-    namespace: dict[str, Any] = {}
-    code = f"def {name}({params}):\n    state = loop.state\n    return {body}\n"
-    exec(code, {"hook_grad_scaler": hook_grad_scaler}, namespace)  # noqa: S102
-    func = namespace[name]
-    func.__doc__ = body
-    return func
-
-
-@functools.lru_cache(maxsize=None)
-def kwargs_builder(hook: str, names: tuple[str, ...] | None = None) -> Callable[[LoopBase], dict[str, Any]]:
-    """A function ``loop -> dict`` that builds ``hook``'s keywords (or only ``names`` of them).
-
-    The function is generated once per ``(hook, names)`` from :data:`HOOK_KWARGS` as a single
-    dict display, so a firing reads each value once and builds no keyword it does not pass.
-
-    Args:
-        hook: a HAT hook name such as ``"on_step_end"``.
-        names: the keywords to build, a subset of :func:`accepted_kwargs`; ``None`` for all.
-
-    >>> kwargs_builder("on_epoch_begin", ("epoch_id",)).__doc__
-    "{'epoch_id': max(state.epoch - 1, 0)}"
-    """
-    names, sources = _sources(hook, names)
-    display = "{" + ", ".join(f"{n!r}: {sources[n]}" for n in names) + "}"
-    return _generate(f"build_{hook}_kwargs", "loop", display)
-
-
-@functools.lru_cache(maxsize=None)
-def keyword_caller(hook: str, names: tuple[str, ...]) -> Callable[[Callable[..., Any], LoopBase], Any]:
-    """A function ``(method, loop) -> method(name=value, ...)`` passing ``names`` of ``hook``'s keywords.
-
-    Generated once per ``(hook, names)`` like :func:`kwargs_builder`, but it calls the method with
-    the keywords written out, so a firing builds no dict for the call to unpack.
-
-    >>> keyword_caller("on_epoch_begin", ("epoch_id",)).__doc__
-    'method(epoch_id=max(state.epoch - 1, 0))'
-    >>> keyword_caller("on_step_end", ()).__doc__
-    'method()'
-    """
-    names, sources = _sources(hook, names)
-    call = "method(" + ", ".join(f"{n}={sources[n]}" for n in names) + ")"
-    return _generate(f"call_{hook}", "method, loop", call)
+        values.update(_LOOP_END_VALUES)
+    return tuple((name, values[name]) for name in names)
 
 
 def hook_kwargs(hook: str, loop: LoopBase) -> dict[str, Any]:
@@ -308,7 +285,7 @@ def hook_kwargs(hook: str, loop: LoopBase) -> dict[str, Any]:
     Returns:
         A new dict with exactly the names of ``HOOK_KWARGS[hook]`` plus :data:`COMMON_KWARGS`.
     """
-    return kwargs_builder(hook)(loop)
+    return {name: read(loop) for name, read in keyword_readers(hook)}
 
 
 def accepted_kwargs(hook: str) -> frozenset[str]:
