@@ -10,7 +10,7 @@ from torch import nn
 from hat_ignite.callbacks import CallbackMixin
 from hat_ignite.engine import HOOK_KWARGS, BasicBatchProcessor, HatEvents, Trainer, collect_loss_by_index
 from hat_ignite.engine.dispatch import is_noop
-from hat_ignite.engine.state import COMMON_KWARGS, hook_kwargs, keyword_readers
+from hat_ignite.engine.state import COMMON_KWARGS, hook_kwargs
 
 
 class Net(nn.Module):
@@ -40,14 +40,11 @@ def test_the_keywords_of_every_hook_are_exactly_its_contract():
         assert list(built) == [*names, *COMMON_KWARGS], hook
         assert built["loop"] is trainer and built["storage"] is trainer.state.storage
     # inside a step global_step_id is the running step's id; outside, the next step's
-    assert {n: read(trainer) for n, read in keyword_readers("on_step_end", ("global_step_id",))} == {
-        "global_step_id": trainer.state.iteration - 1}
-    assert {n: read(trainer) for n, read in keyword_readers("on_epoch_end", ("global_step_id",))} == {
-        "global_step_id": trainer.state.iteration}
-    with pytest.raises(ValueError, match="on_loop_begin does not pass 'losses'"):
-        keyword_readers("on_loop_begin", ("losses",))
+    assert hook_kwargs("on_step_end", trainer)["global_step_id"] == trainer.state.iteration - 1 == 3
+    assert hook_kwargs("on_epoch_end", trainer)["global_step_id"] == trainer.state.iteration == 4
+    assert hook_kwargs("on_loop_end", trainer)["epoch_id"] == 1 and hook_kwargs("on_epoch_end", trainer)["epoch_id"] == 0
     with pytest.raises(ValueError, match="not a HAT hook"):
-        keyword_readers("on_step")
+        hook_kwargs("on_step", trainer)
 
 
 def test_named_hooks_shared_dicts_filters_and_plain_handlers_on_one_event():

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 from ignite.engine.events import RemovableEventHandle
 
 from hat_ignite.engine.events import HOOK_EVENTS
-from hat_ignite.engine.state import accepted_kwargs, keyword_readers
+from hat_ignite.engine.state import accepted_kwargs
 from hat_ignite.errors import CallbackSignatureError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -183,10 +183,10 @@ class HookCall:
     """The Ignite handler that calls one HAT hook with its keywords.
 
     Holds the bound method (never the engine: Ignite passes the engine at each call), so
-    attaching a callback creates no reference cycle. A hook taking ``**kwargs`` is passed the
-    keywords of the event being fired (:meth:`~hat_ignite.engine.loop.LoopBase.hook_kwargs`: built
-    once per firing and shared by the event's hooks, as HAT's loop builds them once per call of
-    its callbacks); a hook naming its keywords is passed those, read when it is called.
+    attaching a callback creates no reference cycle. The keywords are those of the event being
+    fired (:meth:`~hat_ignite.engine.loop.LoopBase.hook_kwargs`: built once per firing and shared
+    by the event's hooks, as HAT's loop builds them once for all its callbacks); a hook taking
+    ``**kwargs`` is passed all of them, a hook naming its keywords just those.
 
     Args:
         hook: the HAT hook name, e.g. ``"on_step_end"``.
@@ -197,18 +197,17 @@ class HookCall:
     def __init__(self, hook: str, method: Callable, names: frozenset[str] | None) -> None:
         self.hook = hook
         self.method = method
-        self.names = names
-        #: ``(keyword, reader)`` of each name the hook takes; ``None`` when it takes ``**kwargs``.
-        self.readers = None if names is None else keyword_readers(hook, tuple(sorted(names)))
+        self.names = None if names is None else tuple(sorted(names))
         owner = getattr(method, "__self__", None)
         self.__name__ = hook
         self.__qualname__ = f"{type(owner).__name__}.{hook}" if owner is not None else hook
 
     def __call__(self, engine: LoopBase) -> None:
-        if self.readers is None:
-            self.method(**engine.hook_kwargs(self.hook))
+        kwargs = engine.hook_kwargs(self.hook)
+        if self.names is None:
+            self.method(**kwargs)
         else:
-            self.method(**{name: read(engine) for name, read in self.readers})
+            self.method(**{name: kwargs[name] for name in self.names})
 
     def __repr__(self) -> str:
         return f"<HookCall {self.__qualname__}>"

@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from hat_ignite.engine.loop import LoopBase
 
 __all__ = [
-    "HatState", "EventStorage", "HOOK_KWARGS", "COMMON_KWARGS", "hook_kwargs", "keyword_readers", "accepted_kwargs",
+    "HatState", "EventStorage", "HOOK_KWARGS", "COMMON_KWARGS", "hook_kwargs", "accepted_kwargs",
     "disabled_grad_scaler", "hook_grad_scaler",
 ]
 
@@ -67,11 +67,6 @@ HOOK_KWARGS: dict[str, tuple[str, ...]] = {
     ),
     "on_loop_end": ("model", "ema_model", "optimizer", "epoch_id", "global_step_id", "device", "callbacks"),
 }
-
-_SUB_BATCH_HOOKS = frozenset(
-    {"on_batch_begin", "on_forward_begin", "on_forward_end", "on_backward_begin", "on_backward_end", "on_batch_end"}
-)
-_STEP_HOOKS = _SUB_BATCH_HOOKS | {"on_step_begin", "on_optimizer_step_begin", "on_step_end"}
 
 
 class EventStorage(dict):
@@ -195,84 +190,104 @@ class HatState(State):
         return max(self.iteration - 1 - self.epoch_first_step, 0)
 
 
-def _epoch_id(loop: LoopBase) -> int:
-    return max(loop.state.epoch - 1, 0)
+# What each hook passes on top of COMMON_KWARGS, one function per hook, in HOOK_KWARGS order
+# (tests/test_hot_path.py checks that they agree). Ids: epoch_id is 0-based, as HAT's; inside a
+# step global_step_id is the running step's id, outside a step the next step's (Ignite's
+# iteration counts the steps done).
 
 
-#: How each keyword's value is read from the running loop. Step-level and sub-batch hooks read a
-#: few of them elsewhere (:data:`_IN_STEP_VALUES`, :data:`_SUB_BATCH_VALUES`), as does ``on_loop_end``.
-_VALUES: dict[str, Callable[[Any], Any]] = {
-    "loop": lambda loop: loop,
-    "storage": lambda loop: loop.state.storage,
-    "train_metrics": lambda loop: loop.train_metrics,
-    "val_metrics": lambda loop: loop.val_metrics,
-    "profiler": lambda loop: loop.profiler,
-    "model": lambda loop: loop.model,
-    "ema_model": lambda loop: loop.ema_model,
-    "optimizer": lambda loop: loop.optimizer,
-    "data_loader": lambda loop: loop.data_loader,
-    "num_epochs": lambda loop: loop.num_epochs,
-    "num_steps": lambda loop: loop.num_steps,
-    "start_epoch": lambda loop: loop.start_epoch,
-    "start_step": lambda loop: loop.start_step,
-    "device": lambda loop: loop.device,
-    "callbacks": lambda loop: loop.callbacks,
-    "grad_scaler": hook_grad_scaler,
-    "epoch_id": _epoch_id,
-    "step_id": lambda loop: loop.state.step_id,
-    "global_step_id": lambda loop: loop.state.iteration,  # outside a step: the id of the next step
-    "batch_idx": lambda loop: loop.state.batch_idx,
-    "batch": lambda loop: loop.state.batch,
-    "model_outs": lambda loop: loop.state.output,
+def _on_loop_begin(loop: Any, state: Any) -> dict[str, Any]:
+    return {"model": loop.model, "optimizer": loop.optimizer, "data_loader": loop.data_loader,
+            "num_epochs": loop.num_epochs, "num_steps": loop.num_steps}
+
+
+def _on_epoch_begin(loop: Any, state: Any) -> dict[str, Any]:
+    return {"model": loop.model, "optimizer": loop.optimizer, "data_loader": loop.data_loader,
+            "epoch_id": max(state.epoch - 1, 0), "global_step_id": state.iteration}
+
+
+def _on_step_begin(loop: Any, state: Any) -> dict[str, Any]:
+    return {"model": loop.model, "optimizer": loop.optimizer, "data_loader": loop.data_loader,
+            "epoch_id": max(state.epoch - 1, 0), "step_id": state.step_id, "global_step_id": state.iteration - 1,
+            "start_epoch": loop.start_epoch, "start_step": loop.start_step, "batch": state.batch}
+
+
+# the per-batch hooks pass the (sub-)batch the processor works on, and its outputs and losses
+
+
+def _on_batch_begin(loop: Any, state: Any) -> dict[str, Any]:
+    return {"batch": state.sub_batch, "batch_idx": state.batch_idx,
+            "epoch_id": max(state.epoch - 1, 0), "step_id": state.step_id, "global_step_id": state.iteration - 1}
+
+
+def _on_forward_begin(loop: Any, state: Any) -> dict[str, Any]:
+    return {"batch": state.sub_batch, "model": loop.model, "batch_idx": state.batch_idx,
+            "epoch_id": max(state.epoch - 1, 0), "step_id": state.step_id, "global_step_id": state.iteration - 1}
+
+
+def _on_forward_end(loop: Any, state: Any) -> dict[str, Any]:
+    return {"model_outs": state.sub_model_outs, "batch_idx": state.batch_idx,
+            "epoch_id": max(state.epoch - 1, 0), "step_id": state.step_id, "global_step_id": state.iteration - 1}
+
+
+def _on_backward_begin(loop: Any, state: Any) -> dict[str, Any]:
+    return {"model": loop.model, "optimizer": loop.optimizer, "batch": state.sub_batch, "batch_idx": state.batch_idx,
+            "epoch_id": max(state.epoch - 1, 0), "step_id": state.step_id, "global_step_id": state.iteration - 1}
+
+
+def _on_backward_end(loop: Any, state: Any) -> dict[str, Any]:
+    return {"model": loop.model, "optimizer": loop.optimizer, "batch": state.sub_batch,
+            "grad_scaler": hook_grad_scaler(loop), "batch_idx": state.batch_idx,
+            "epoch_id": max(state.epoch - 1, 0), "step_id": state.step_id, "global_step_id": state.iteration - 1}
+
+
+def _on_optimizer_step_begin(loop: Any, state: Any) -> dict[str, Any]:
+    return {"model": loop.model, "optimizer": loop.optimizer, "grad_scaler": hook_grad_scaler(loop),
+            "epoch_id": max(state.epoch - 1, 0), "step_id": state.step_id, "global_step_id": state.iteration - 1}
+
+
+def _on_batch_end(loop: Any, state: Any) -> dict[str, Any]:
+    return {"batch": state.sub_batch, "losses": state.losses, "model_outs": state.sub_model_outs,
+            "batch_idx": state.batch_idx,
+            "epoch_id": max(state.epoch - 1, 0), "step_id": state.step_id, "global_step_id": state.iteration - 1}
+
+
+def _on_step_end(loop: Any, state: Any) -> dict[str, Any]:
+    return {"model": loop.model, "ema_model": loop.ema_model, "optimizer": loop.optimizer,
+            "data_loader": loop.data_loader,
+            "epoch_id": max(state.epoch - 1, 0), "step_id": state.step_id, "global_step_id": state.iteration - 1,
+            "num_steps": loop.num_steps, "device": loop.device, "callbacks": loop.callbacks, "batch": state.batch,
+            "model_outs": state.output}
+
+
+def _on_epoch_end(loop: Any, state: Any) -> dict[str, Any]:
+    return {"model": loop.model, "ema_model": loop.ema_model, "optimizer": loop.optimizer,
+            "epoch_id": max(state.epoch - 1, 0), "global_step_id": state.iteration, "num_epochs": loop.num_epochs,
+            "device": loop.device, "callbacks": loop.callbacks}
+
+
+def _on_loop_end(loop: Any, state: Any) -> dict[str, Any]:
+    # after the loop HAT's epoch counter has moved past the last epoch run: the epochs run so far
+    return {"model": loop.model, "ema_model": loop.ema_model, "optimizer": loop.optimizer,
+            "epoch_id": state.epoch, "global_step_id": state.iteration, "device": loop.device,
+            "callbacks": loop.callbacks}
+
+
+_HOOK_VALUES: dict[str, Callable[[Any, Any], dict[str, Any]]] = {
+    "on_loop_begin": _on_loop_begin,
+    "on_epoch_begin": _on_epoch_begin,
+    "on_step_begin": _on_step_begin,
+    "on_batch_begin": _on_batch_begin,
+    "on_forward_begin": _on_forward_begin,
+    "on_forward_end": _on_forward_end,
+    "on_backward_begin": _on_backward_begin,
+    "on_backward_end": _on_backward_end,
+    "on_optimizer_step_begin": _on_optimizer_step_begin,
+    "on_batch_end": _on_batch_end,
+    "on_step_end": _on_step_end,
+    "on_epoch_end": _on_epoch_end,
+    "on_loop_end": _on_loop_end,
 }
-_IN_STEP_VALUES: dict[str, Callable[[Any], Any]] = {"global_step_id": lambda loop: loop.state.iteration - 1}
-_SUB_BATCH_VALUES: dict[str, Callable[[Any], Any]] = {
-    **_IN_STEP_VALUES,
-    "batch": lambda loop: loop.state.sub_batch,
-    "losses": lambda loop: loop.state.losses,
-    "model_outs": lambda loop: loop.state.sub_model_outs,
-}
-# after the loop HAT's epoch counter has moved past the last epoch run: the epochs run so far
-_LOOP_END_VALUES: dict[str, Callable[[Any], Any]] = {"epoch_id": lambda loop: loop.state.epoch}
-
-#: A reader ``(keyword, loop -> value)`` for each keyword a hook passes.
-Readers = tuple[tuple[str, Callable[[Any], Any]], ...]
-
-
-@functools.lru_cache(maxsize=None)
-def keyword_readers(hook: str, names: tuple[str, ...] | None = None) -> Readers:
-    """How to read ``hook``'s keywords (or only ``names`` of them) from the running loop.
-
-    Args:
-        hook: a HAT hook name such as ``"on_step_end"``.
-        names: the keywords wanted, a subset of :func:`accepted_kwargs`; ``None`` for all, in
-            the order of :data:`HOOK_KWARGS` then :data:`COMMON_KWARGS`.
-
-    Returns:
-        ``(keyword, reader)`` pairs, where ``reader(loop)`` is the keyword's value right now.
-
-    Raises:
-        ValueError: ``hook`` is no HAT hook, or it does not pass one of ``names``.
-
-    >>> [name for name, _ in keyword_readers("on_epoch_begin", ("epoch_id",))]
-    ['epoch_id']
-    """
-    if hook not in HOOK_KWARGS:
-        raise ValueError(f"{hook!r} is not a HAT hook; the hooks are {', '.join(HOOK_KWARGS)}.")
-    allowed = (*HOOK_KWARGS[hook], *COMMON_KWARGS)
-    if names is None:
-        names = allowed
-    unknown = [n for n in names if n not in allowed]
-    if unknown:
-        raise ValueError(f"{hook} does not pass {', '.join(map(repr, unknown))}; it passes {', '.join(allowed)}.")
-    values = dict(_VALUES)
-    if hook in _SUB_BATCH_HOOKS:
-        values.update(_SUB_BATCH_VALUES)
-    elif hook in _STEP_HOOKS:
-        values.update(_IN_STEP_VALUES)
-    elif hook == "on_loop_end":
-        values.update(_LOOP_END_VALUES)
-    return tuple((name, values[name]) for name in names)
 
 
 def hook_kwargs(hook: str, loop: LoopBase) -> dict[str, Any]:
@@ -283,9 +298,23 @@ def hook_kwargs(hook: str, loop: LoopBase) -> dict[str, Any]:
         loop: the running engine.
 
     Returns:
-        A new dict with exactly the names of ``HOOK_KWARGS[hook]`` plus :data:`COMMON_KWARGS`.
+        A new dict with exactly the names of ``HOOK_KWARGS[hook]`` plus :data:`COMMON_KWARGS`,
+        in that order.
+
+    Raises:
+        ValueError: ``hook`` is no HAT hook.
     """
-    return {name: read(loop) for name, read in keyword_readers(hook)}
+    values = _HOOK_VALUES.get(hook)
+    if values is None:
+        raise ValueError(f"{hook!r} is not a HAT hook; the hooks are {', '.join(HOOK_KWARGS)}.")
+    state = loop.state
+    kwargs = values(loop, state)
+    kwargs["loop"] = loop  # COMMON_KWARGS
+    kwargs["storage"] = state.storage
+    kwargs["train_metrics"] = loop.train_metrics
+    kwargs["val_metrics"] = loop.val_metrics
+    kwargs["profiler"] = loop.profiler
+    return kwargs
 
 
 def accepted_kwargs(hook: str) -> frozenset[str]:
