@@ -294,7 +294,9 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
         self.log_interval = log_interval
         self.ema_model: torch.nn.Module | None = None
         self.checkpoint: Any = None
-        self._kwargs_cache: dict[str, dict[str, Any]] = {}
+        #: The keywords of the HAT event being fired, by hook (see ``hook_kwargs``); ``None``
+        #: between firings.
+        self.firing_kwargs: dict[str, dict[str, Any]] | None = None
         #: Whether this run trains in several processes (set when the run starts); the per-step
         #: finiteness checks then all-reduce their flags.
         self.multi_process = False
