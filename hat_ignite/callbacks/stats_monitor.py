@@ -211,7 +211,9 @@ class StatsMonitor(CallbackMixin):
                 totals.merge(pending)
             self._pending = _Totals()
 
-    def _store(self, storage: dict[str, Any], figures: dict[str, Any]) -> None:
+    def _store(self, storage: dict[str, Any] | None, figures: dict[str, Any]) -> None:
+        if storage is None:  # called without storage (HAT-style): the figures are only logged
+            return
         old = storage.get(STORAGE_KEY)
         storage[STORAGE_KEY] = {**(old if isinstance(old, dict) else {}), **figures}
 
@@ -245,14 +247,19 @@ class StatsMonitor(CallbackMixin):
         self._epoch_start = self._prev_step_end = self._clock()
 
     def on_step_end(
-        self, loop: Any, epoch_id: int, step_id: int, global_step_id: int, storage: dict[str, Any],
-        batch: Any = None, optimizer: Any = None, **kwargs: Any,
+        self, loop: Any = None, epoch_id: int = 0, step_id: int = 0, global_step_id: int = 0,
+        storage: dict[str, Any] | None = None, batch: Any = None, optimizer: Any = None, **kwargs: Any,
     ) -> None:
+        """Time the step; every ``log_freq`` steps log the figures and store them in ``storage``.
+
+        Called without ``loop`` (HAT's hooks), the step's data time is not told apart.
+        """
         now = self._clock()
         try:
             begin = loop.state.step_start_time
         except AttributeError:  # attached after the loop began: the engine reads starts from now on
-            loop.step_clock = self._clock
+            if loop is not None:
+                loop.step_clock = self._clock
             begin = self._prev_step_end
         samples = self.batch_size if self.batch_size is not None else infer_batch_size(batch)
         self._pending.add(begin - self._prev_step_end, now - begin, samples)
@@ -287,8 +294,8 @@ class StatsMonitor(CallbackMixin):
                             "; ".join(f"{name} ({seconds:.3f}s)" for name, seconds in figures["profiler_top"]))
 
     def on_epoch_end(
-        self, loop: Any, epoch_id: int, global_step_id: int, storage: dict[str, Any], optimizer: Any = None,
-        **kwargs: Any,
+        self, loop: Any = None, epoch_id: int = 0, global_step_id: int = 0, storage: dict[str, Any] | None = None,
+        optimizer: Any = None, **kwargs: Any,
     ) -> None:
         self._fold()
         epoch = self._epoch
