@@ -7,7 +7,7 @@ from __future__ import annotations
 
 __all__ = [
     "HatIgniteError", "ConfigError", "CheckpointError", "CallbackSignatureError", "NonFiniteLossError",
-    "BatchError", "DataError", "QuantizationError",
+    "BatchError", "DataError", "QuantizationError", "UnknownLengthError",
 ]
 
 
@@ -46,3 +46,11 @@ class DataError(HatIgniteError, ValueError):
 
 class QuantizationError(HatIgniteError, RuntimeError):
     """A model cannot be prepared, calibrated, trained or converted for int8; names the module and the fix."""
+
+
+class UnknownLengthError(HatIgniteError, ValueError, AssertionError):
+    """A schedule needs a run length (steps per epoch, total steps) the loop does not define.
+
+    Also an ``AssertionError``: HAT asserts the data loader has a length there, so HAT code that
+    catches ``AssertionError`` catches this one too.
+    """
