@@ -8,6 +8,7 @@ from __future__ import annotations
 __all__ = [
     "HatIgniteError", "ConfigError", "CheckpointError", "CallbackSignatureError", "NonFiniteLossError",
     "BatchError", "DataError", "QuantizationError", "UnknownLengthError",
+    "MissingHatNameError",
 ]
 
 
@@ -53,4 +54,13 @@ class UnknownLengthError(HatIgniteError, ValueError, AssertionError):
 
     Also an ``AssertionError``: HAT asserts the data loader has a length there, so HAT code that
     catches ``AssertionError`` catches this one too.
+    """
+
+
+class MissingHatNameError(HatIgniteError, AttributeError):
+    """A ``hat.*`` alias module does not serve the name asked for; the message says why and what to do.
+
+    An ``AttributeError``, so ``hasattr(module, name)`` and ``getattr(module, name, default)``
+    work as on any module. ``from hat.x import Name`` raises an ``ImportError`` with the same
+    message (see :mod:`hat_ignite.hat_alias`).
     """
