@@ -1,8 +1,13 @@
 """`ResumableLoopMixin`: the part of :class:`~hat_ignite.engine.loop.LoopBase` that resumes and stops.
 
-Resuming. Objects with a ``resume(loop)`` method are called at the start of ``fit()``: the
-converters of ``model_convert_pipeline`` that have one (``LoadCheckpoint``), then those passed to
-:meth:`~ResumableLoopMixin.schedule_resume` (``hat-train --resume``). They restore what
+Resuming. Objects with a ``resume(loop)`` method restore a saved training state into the loop.
+The converters of ``model_convert_pipeline`` that have one (``LoadCheckpoint``) are called when
+the loop is built, as HAT restores its pipeline's checkpoint in the loop's constructor (so
+``loop.checkpoint``, the optimizer state and ``start_epoch`` / ``start_step`` are there before
+``fit()``), and again at the start of the next ``fit()`` only if ``resume_optimizer`` /
+``resume_epoch_or_step`` changed since (a later ``fit()`` calls them again); those passed to
+:meth:`~ResumableLoopMixin.schedule_resume` (``hat-train --resume``) are called at the start of
+``fit()``, after them. They restore what
 ``resume_optimizer`` / ``resume_epoch_or_step`` ask for and call
 :meth:`~ResumableLoopMixin.load_data_state_dict` with the saved data position and generators,
 which the loop puts back at the last moment before training goes on:
@@ -83,6 +88,8 @@ class ResumableLoopMixin(_EngineBase):
     def _init_resumable(self) -> None:
         self._state_restored = False  # load_state_dict() was called since the last fit()
         self._resumers: list[Any] = []
+        #: the resume flags the pipeline's resumers last ran with when the loop was built, until fit()
+        self._pipeline_resumed_with: tuple[Any, Any] | None = None
         self._data: ResumableData | None = None
         self._pending_position: dict[str, Any] | None = None
         self._boundary_rng: Mapping[str, Any] | None = None
@@ -205,14 +212,28 @@ class ResumableLoopMixin(_EngineBase):
         finally:
             self.logger.setLevel(level)
 
-    def _run_resumers(self) -> None:
+    def _pipeline_resumers(self) -> list[Any]:
         pipeline = self.model_convert_pipeline
         converters = pipeline if isinstance(pipeline, (list, tuple)) else [] if pipeline is None else [pipeline]
         nested = [c for conv in converters for c in getattr(conv, "converters", None) or []]
-        for resumer in [*converters, *nested, *self._resumers]:
-            resume = getattr(resumer, "resume", None)
-            if callable(resume):
-                resume(self)
+        return [c for c in [*converters, *nested] if callable(getattr(c, "resume", None))]
+
+    def _resume_flags(self) -> tuple[Any, Any]:
+        return (getattr(self, "resume_optimizer", None), getattr(self, "resume_epoch_or_step", None))
+
+    def _resume_from_pipeline(self) -> None:
+        """Restore the pipeline's checkpoint when the loop is built (called last in its constructor)."""
+        resumers = self._pipeline_resumers()
+        for resumer in resumers:
+            resumer.resume(self)
+        self._pipeline_resumed_with = self._resume_flags() if resumers else None
+
+    def _run_resumers(self) -> None:
+        done_with, self._pipeline_resumed_with = self._pipeline_resumed_with, None
+        # restored when the loop was built: again only if the flags saying what to restore changed
+        pipeline = [] if done_with == self._resume_flags() else self._pipeline_resumers()
+        for resumer in [*pipeline, *self._resumers]:
+            resumer.resume(self)
         self._resumers = []
 
     def _make_data(self, length: int | None, start_iteration: int) -> Any:
