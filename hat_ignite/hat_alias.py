@@ -263,5 +263,6 @@ def uninstall_hat_alias() -> None:
     """Remove the hook and the virtual ``hat.*`` modules imported so far (idempotent)."""
     sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _HatFinder)]
     sys.path[:] = [p for p in sys.path if p != ALIAS_PATH]
+    _REFUSED.clear()
     for name in [n for n, m in sys.modules.items() if (n == "hat" or n.startswith("hat.")) and getattr(m, _MARK, False)]:
         del sys.modules[name]
