@@ -194,7 +194,7 @@ class Checkpoint(CallbackMixin):
         unused = "on_epoch_end" if self.interval_by == "step" else "on_step_end"
         return [hook for hook in super().overridden_hooks() if hook != unused]
 
-    def on_loop_begin(self, loop: LoopBase, **kwargs: Any) -> None:
+    def on_loop_begin(self, loop: LoopBase | None = None, **kwargs: Any) -> None:
         self._saved_iteration = None
         self._warned_missing = False
         self._missing_names = []
@@ -205,7 +205,7 @@ class Checkpoint(CallbackMixin):
         self._resumed_hashes, self._resumed_numbers = resume_marks(resumed)
         restored, self._restored = self._restored, False
         progress = resumed.get("progress") if restored and isinstance(resumed, Mapping) else None
-        if not (isinstance(progress, Mapping) and progress.get("iteration") == loop.state.iteration):
+        if loop is None or not (isinstance(progress, Mapping) and progress.get("iteration") == loop.state.iteration):
             resumed = None  # not a resume of this run's progress: nothing to bring up to date
         else:
             self._saved_iteration = loop.state.iteration  # that state is saved: the loop end need not save it

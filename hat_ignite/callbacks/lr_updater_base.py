@@ -41,6 +41,7 @@ from typing import Any, Iterable, cast
 import torch
 
 from hat_ignite.callbacks.base import CallbackMixin
+from hat_ignite.errors import UnknownLengthError
 
 __all__ = ["LrUpdaterBase", "annealing_cos"]
 
@@ -170,9 +171,11 @@ class LrUpdaterBase(CallbackMixin):
         """Check arguments against the run and derive lengths; called on loop begin."""
 
     def require(self, value: Any, what: str) -> Any:
-        """Return ``value``, or raise a ValueError saying ``what`` the updater could not learn."""
+        """Return ``value``, or raise an :class:`~hat_ignite.errors.UnknownLengthError` (a
+        ``ValueError``, and an ``AssertionError`` as HAT's assert) saying ``what`` the updater could
+        not learn."""
         if value is None:
-            raise ValueError(
+            raise UnknownLengthError(
                 f"{type(self).__name__} needs {what}, which this run does not define: give the "
                 f"data_loader a length (len(data_loader)) and the loop num_epochs / num_steps, or "
                 f"set the updater's length arguments explicitly."

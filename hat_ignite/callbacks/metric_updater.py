@@ -239,7 +239,9 @@ class MetricUpdater(CallbackMixin):
         if idist.get_rank() == 0:
             logger.info("%s%s %s", self.log_prefix, head, format_name_values(pairs))
 
-    def _store(self, storage: dict[str, Any], pairs: list[tuple[str, Any]]) -> None:
+    def _store(self, storage: dict[str, Any] | None, pairs: list[tuple[str, Any]]) -> None:
+        if storage is None:  # a hook called without storage (HAT's unit tests, a custom loop): logged only
+            return
         # a new dict each time (merged with what other updaters stored under the same key), so a
         # dict someone kept from an earlier store never changes under them
         stored = storage.get(self.storage_key)
@@ -288,7 +290,7 @@ class MetricUpdater(CallbackMixin):
         self._dirty = True
 
     def on_step_end(
-        self, epoch_id: int, step_id: int, global_step_id: int, storage: dict[str, Any],
+        self, epoch_id: int, step_id: int, global_step_id: int, storage: dict[str, Any] | None = None,
         train_metrics: Any = None, **kwargs: Any,
     ) -> None:
         log_now = self.step_log_freq > 0 and (step_id + 1) % self.step_log_freq == 0
@@ -304,7 +306,9 @@ class MetricUpdater(CallbackMixin):
         if log_now and self.reset_metrics_by == "log":
             self._reset(metrics)
 
-    def on_epoch_end(self, epoch_id: int, storage: dict[str, Any], train_metrics: Any = None, **kwargs: Any) -> None:
+    def on_epoch_end(
+        self, epoch_id: int, storage: dict[str, Any] | None = None, train_metrics: Any = None, **kwargs: Any,
+    ) -> None:
         log_now = (
             self.reset_metrics_by == "epoch" and self.epoch_log_freq > 0 and (epoch_id + 1) % self.epoch_log_freq == 0
         )
@@ -317,7 +321,7 @@ class MetricUpdater(CallbackMixin):
         if store_now:
             self._store(storage, pairs)
 
-    def on_loop_end(self, storage: dict[str, Any], train_metrics: Any = None, **kwargs: Any) -> None:
+    def on_loop_end(self, storage: dict[str, Any] | None = None, train_metrics: Any = None, **kwargs: Any) -> None:
         if self._dirty:
             self._store(storage, self._values(self._metrics(train_metrics)))
         elif self._last_pairs is not None:  # reset right after the last log: store what it showed

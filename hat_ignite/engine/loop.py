@@ -123,8 +123,10 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
         resume_epoch_or_step: whether a resumed checkpoint also restores the epoch/step (down to
             the position inside the epoch), the callback states and the random generators.
             Converters of ``model_convert_pipeline`` with a ``resume(loop)`` method (such as
-            ``LoadCheckpoint``) do the restoring when ``fit()`` starts; see
-            :mod:`hat_ignite.engine.resumable`.
+            ``LoadCheckpoint``) do the restoring when the loop is built, as HAT does (so
+            ``loop.checkpoint``, the optimizer state and ``start_epoch`` / ``start_step`` can be
+            read before ``fit()``), and again when ``fit()`` starts if these two flags changed
+            since; see :mod:`hat_ignite.engine.resumable`.
         resume_dataloader: what a resume inside an epoch does with the epoch's data. ``None``
             (default) or ``True``: continue exactly where the checkpoint was written (the done
             batches are skipped, the generators restored). ``False``: as HAT without
@@ -323,6 +325,7 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
         self.attach_callbacks(callbacks or [])
         if callable(getattr(profiler, "attach", None)):
             profiler.attach(self)  # after the callbacks: it wraps every handler when the run starts
+        self._resume_from_pipeline()  # last: it restores into the optimizer, processor and callbacks
 
     @property
     def torch_device(self) -> torch.device:
@@ -456,8 +459,9 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
     def fit(self) -> HatState:
         """Run the loop until ``num_epochs`` epochs or ``num_steps`` steps are done.
 
-        Resumers (``model_convert_pipeline`` converters with ``resume(loop)``, and objects given
-        to :meth:`schedule_resume`) run first and may move ``start_epoch`` / ``start_step``.
+        Resumers (objects given to :meth:`schedule_resume`, and ``model_convert_pipeline``
+        converters with ``resume(loop)`` unless they ran when the loop was built with the same
+        resume flags) run first and may move ``start_epoch`` / ``start_step``.
         A run stopped by Ignite's ``interrupt()`` goes on where it stopped, and a state restored
         with :meth:`load_state_dict` (or Ignite's ``Checkpoint.load_objects``) goes on at its
         iteration, as Ignite's ``run()`` does; any other call starts at ``start_epoch`` /

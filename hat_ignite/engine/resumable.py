@@ -1,8 +1,13 @@
 """`ResumableLoopMixin`: the part of :class:`~hat_ignite.engine.loop.LoopBase` that resumes and stops.
 
-Resuming. Objects with a ``resume(loop)`` method are called at the start of ``fit()``: the
-converters of ``model_convert_pipeline`` that have one (``LoadCheckpoint``), then those passed to
-:meth:`~ResumableLoopMixin.schedule_resume` (``hat-train --resume``). They restore what
+Resuming. Objects with a ``resume(loop)`` method restore a saved training state into the loop.
+The converters of ``model_convert_pipeline`` that have one (``LoadCheckpoint``) are called when
+the loop is built, as HAT restores its pipeline's checkpoint in the loop's constructor (so
+``loop.checkpoint``, the optimizer state and ``start_epoch`` / ``start_step`` are there before
+``fit()``), and again at the start of the next ``fit()`` only if ``resume_optimizer`` /
+``resume_epoch_or_step`` changed since (a later ``fit()`` calls them again); those passed to
+:meth:`~ResumableLoopMixin.schedule_resume` (``hat-train --resume``) are called at the start of
+``fit()``, after them. They restore what
 ``resume_optimizer`` / ``resume_epoch_or_step`` ask for and call
 :meth:`~ResumableLoopMixin.load_data_state_dict` with the saved data position and generators,
 which the loop puts back at the last moment before training goes on:
@@ -91,6 +96,8 @@ class ResumableLoopMixin(_EngineBase):
     def _init_resumable(self) -> None:
         self._state_restored = False  # load_state_dict() was called since the last fit()
         self._resumers: list[Any] = []
+        #: the resume flags the pipeline's resumers last ran with when the loop was built, until fit()
+        self._pipeline_resumed_with: tuple[Any, Any] | None = None
         self._data: ResumableData | None = None
         self._pending_position: dict[str, Any] | None = None
         self._boundary_rng: Mapping[str, Any] | None = None
@@ -232,25 +239,40 @@ class ResumableLoopMixin(_EngineBase):
         finally:
             self.logger.setLevel(level)
 
-    def _run_resumers(self) -> None:
-        """Call the resumers; a scheduled one (``--resume``) replaces the converters' resumers.
-
-        A converter such as ``LoadCheckpoint`` of the previous stage's checkpoint (the float
-        weights a calibration starts from) has loaded its weights already. When a checkpoint of
-        this run is scheduled, only that one is the run's training state: the converter's file
-        must not set the progress, data position, callback states or generators first.
-        """
+    def _pipeline_resumers(self) -> list[Any]:
         pipeline = self.model_convert_pipeline
         converters = pipeline if isinstance(pipeline, (list, tuple)) else [] if pipeline is None else [pipeline]
         nested = [c for conv in converters for c in getattr(conv, "converters", None) or []]
+        return [c for c in [*converters, *nested] if callable(getattr(c, "resume", None))]
+
+    def _resume_flags(self) -> tuple[Any, Any]:
+        return (getattr(self, "resume_optimizer", None), getattr(self, "resume_epoch_or_step", None))
+
+    def _resume_from_pipeline(self) -> None:
+        """Restore the pipeline's checkpoint when the loop is built (called last in its constructor)."""
+        resumers = self._pipeline_resumers()
+        for resumer in resumers:
+            resumer.resume(self)
+        self._pipeline_resumed_with = self._resume_flags() if resumers else None
+
+    def _run_resumers(self) -> None:
+        """Call the resumers at the start of ``fit()``; a scheduled one (``--resume``) has the last word.
+
+        The pipeline's resumers (``LoadCheckpoint``) ran when the loop was built; they run again only
+        if the flags saying what to restore changed since. When a checkpoint of this run is
+        scheduled, only that one is the run's training state: a converter's file (the previous
+        stage's weights a calibration starts from) must not set the progress, data position,
+        callback states or generators.
+        """
+        done_with, self._pipeline_resumed_with = self._pipeline_resumed_with, None
         scheduled, self._resumers = self._resumers, []
-        own = [c for c in [*converters, *nested] if callable(getattr(c, "resume", None))]
-        if scheduled and own:
-            self.logger.info("Resuming from a checkpoint of this run: the training state of %s is not restored "
-                             "(only its weights were loaded, and the resumed checkpoint replaces them).",
-                             ", ".join(map(repr, own)))
-            own = []
-        for resumer in [*own, *scheduled]:
+        pipeline = [] if done_with == self._resume_flags() else self._pipeline_resumers()
+        if scheduled and (pipeline or done_with is not None):
+            self.logger.info("Resuming from a checkpoint of this run: it replaces the training state of %s "
+                             "(only its weights are kept until the resumed checkpoint loads its own).",
+                             ", ".join(map(repr, self._pipeline_resumers())))
+            pipeline = []
+        for resumer in [*pipeline, *scheduled]:
             resumer.resume(self)
 
     def _make_data(self, length: int | None, start_iteration: int) -> Any:
