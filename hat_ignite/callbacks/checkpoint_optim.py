@@ -66,8 +66,8 @@ class OptionChange(NamedTuple):
     def describe(self) -> str:
         """One log line: the option, checkpoint -> config, the groups, and what was done.
 
-        >>> OptionChange("momentum", 0.9, 0.0, (0, 1), ("momentum_buffer",)).describe()
-        'optimizer option momentum: checkpoint 0.9 -> config 0.0 (param groups 0, 1): the config's value is used; the saved momentum_buffer state is dropped (these options keep none)'
+        >>> print(OptionChange("momentum", 0.9, 0.0, (0, 1), ("momentum_buffer",)).describe())
+        optimizer option momentum: checkpoint 0.9 -> config 0.0 (param groups 0, 1): the config's value is used; the saved momentum_buffer state is dropped (these options keep none)
         """
         groups = ", ".join(map(str, self.groups))
         what = {
