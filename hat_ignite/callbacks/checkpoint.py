@@ -277,7 +277,7 @@ class Checkpoint(CallbackMixin):
         epoch_open = bool(getattr(state, "epoch_open", False))
         if self._saved_iteration == state.iteration and self._saved_epoch_open == epoch_open:
             return  # the final save point already wrote this state
-        is_best = self._update_best(storage, val_metrics, getattr(state, "metrics", None))
+        is_best = self._update_best(storage, val_metrics, getattr(state, "metrics", None), quiet=True)
         if is_best:
             self._best_iteration = int(state.iteration)
         if not self._is_writer():
@@ -405,11 +405,14 @@ class Checkpoint(CallbackMixin):
         return "the run resumed from it" if (kind, number) in self._resumed_numbers else None
 
     # -- best metric ---------------------------------------------------------------------------
-    def _update_best(self, storage: Any, val_metrics: Any, engine_metrics: Any = None) -> bool:
+    def _update_best(self, storage: Any, val_metrics: Any, engine_metrics: Any = None, quiet: bool = False) -> bool:
+        """Whether the monitored value is a new best (then kept); ``quiet``: no warning when it is missing."""
         if self.mode is None:
             return False
         value = monitored_value(self.monitor_metric_key, self.best_refer_metric, storage, val_metrics,
                                 engine_metrics)
+        if value is None and quiet:
+            return False
         if value is None:
             names = metric_names(storage, engine_metrics)
             if not self._warned_missing or (names and not self._missing_names):
