@@ -107,7 +107,8 @@ def run_options_over(
     The options compared are those of ``optimizer.defaults`` that the saved groups have (a
     saved group lacking one is left for :func:`load_optimizer_state` to refuse). The base lr is
     compared: the saved group's ``initial_lr`` (set by an lr updater) when it has one, else its
-    ``lr``. A changed option sets ``lr`` and ``initial_<option>`` (where saved) to the run's value.
+    ``lr``. A changed option takes the run's value, and so does its ``initial_<option>`` entry
+    where the saved group has one (``initial_lr``, which the lr updaters schedule from).
 
     Returns:
         The state dict to load (``saved`` itself when nothing changed) and the changes.
@@ -134,6 +135,7 @@ def run_options_over(
         if not isinstance(old, Mapping):
             return dict(saved), []
         group = dict(old)
+        changed_here = False
         for key in optimizer.defaults:
             if key in _NOT_OPTIONS or key not in old:
                 continue
@@ -150,7 +152,8 @@ def run_options_over(
                 group[f"initial_{key}"] = mine[0] if isinstance(mine, (list, tuple)) else mine
             entry = found.setdefault(key, {"saved": theirs, "config": mine, "groups": [], "dropped": set()})
             entry["groups"].append(i)
-        if group != dict(old):
+            changed_here = True
+        if changed_here:
             keys = _expected_state_keys(optimizer, group)
             for index in group.get("params", ()):
                 param_state = new_state.get(index)

@@ -98,11 +98,13 @@ def finished_run(trainer: Any, checkpoint: Mapping[str, Any], stage_cfg: Mapping
     """Why resuming from ``checkpoint`` has nothing left to do, or ``None`` when it has.
 
     A run is finished when the checkpoint continues its progress (``resume_epoch_or_step`` is not
-    turned off in the config), was taken after the last step of the schedule the trainer has now
-    (``num_epochs`` epochs of the data loader, or ``num_steps`` steps; at that very end, with the
-    data loader's steps per epoch) with every epoch-end hook run, and ``metrics.json`` in the work dir records that end for the stage (written after the
-    last step, not after a stop on a signal). A longer schedule given on the command line
-    (``--opts float_trainer.num_epochs=30``) is not finished and resumes as usual.
+    turned off in the config), was taken exactly at the end of the schedule the trainer has now
+    (``num_epochs`` epochs of the data loader, with the steps per epoch it was written with, or
+    ``num_steps`` steps) with every epoch-end hook run, and ``metrics.json`` in the work dir
+    records that end for the stage (written after the last step, not after a stop on a signal).
+    A longer schedule given on the command line (``--opts float_trainer.num_epochs=30``) is not
+    finished and resumes as usual; a shorter one, or another batch size, is refused by the resume
+    (:mod:`hat_ignite.callbacks.checkpoint_progress`).
     """
     if stage_cfg.get("resume_epoch_or_step", True) is False:
         return None
