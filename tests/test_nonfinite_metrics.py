@@ -59,3 +59,34 @@ def test_a_skipped_step_adds_nothing_to_the_train_metrics_of_any_checkpoint(tmp_
     assert torch.equal(at[BAD]["cls_loss"]["total"], at[BAD - 1]["cls_loss"]["total"])
     train = json.loads((work_dir / "metrics.json").read_text())["float_train"]["train_metrics"]
     assert math.isfinite(train["cls_loss"]) and 0 < train["cls_loss"] < 3
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "plain"])
+@pytest.mark.parametrize("accumulation, marker, counted", [
+    (1, 1000.0, 5),   # a NaN loss at step 3: that step only
+    (2, 1000.0, 4),   # the update of steps 2 and 3 is dropped: both feed nothing
+    (2, -1000.0, 4),  # an infinite gradient with a finite loss: dropped all the same
+])
+def test_every_step_of_a_dropped_update_feeds_no_metric(fused, accumulation, marker, counted):
+    from hat_ignite.callbacks import MetricUpdater
+    from hat_ignite.engine import BasicBatchProcessor, Trainer, collect_loss_by_regex
+    from hat_ignite.metrics import LossShow
+    from test_nonfinite import Net, batches
+
+    torch.manual_seed(0)
+    model, loss = Net(), LossShow()
+    updater = MetricUpdater(metric_update_func=lambda metrics, batch, outs: metrics[0].update(outs), metrics=[loss],
+                            step_log_freq=1, epoch_log_freq=1)  # a log (and a read of the outcomes) every step
+    trainer = Trainer(model=model, data_loader=batches(3, marker, n=6),
+                      optimizer=torch.optim.SGD(model.parameters(), lr=0.1, fused=fused),
+                      batch_processor=BasicBatchProcessor(
+                          need_grad_update=True, loss_collector=collect_loss_by_regex("^.*loss"),
+                          nonfinite_policy="skip", grad_accumulation_step=accumulation),
+                      device=None, num_epochs=1, callbacks=[updater])
+    trainer.fit()
+    assert trainer.state.nonfinite_skipped == 1
+    names, values = loss.get()
+    state = updater.state_dict()["metrics"][0]["series"]
+    assert [state[name]["count"] for name in names] == [counted, counted]  # before: 6, every step
+    assert all(math.isfinite(v) for v in values), values
+    assert [trainer.update_dropped(s) for s in range(6)] == [s in range(4 - accumulation, 4) for s in range(6)]
