@@ -280,6 +280,7 @@ class Checkpoint(CallbackMixin):
         is_best = self._update_best(storage, val_metrics, getattr(state, "metrics", None), quiet=True)
         if is_best:
             self._best_iteration = int(state.iteration)
+        self._saved_iteration, self._saved_epoch_open = state.iteration, epoch_open
         if not self._is_writer():
             return
         os.makedirs(self.save_dir, exist_ok=True)  # a hook called with no on_loop_begin first
@@ -287,7 +288,6 @@ class Checkpoint(CallbackMixin):
         path = atomic_save(payload, self.last_path)
         if is_best:
             self._write_best(payload, path)
-        self._saved_iteration, self._saved_epoch_open = state.iteration, epoch_open
         best = f" (new best {self.monitor_metric_key or 'metric'}={self.best:.6g})" if is_best else ""
         logger.info("Saved checkpoint %s at the end of training%s.", path, best)
 
@@ -302,7 +302,7 @@ class Checkpoint(CallbackMixin):
             The file's absolute path (``None`` on ranks other than 0).
         """
         state = loop.state
-        if self._saved_iteration == state.iteration and os.path.exists(self.last_path):
+        if self._saved_iteration == state.iteration and (not self._is_writer() or os.path.exists(self.last_path)):
             return self.last_path if self._is_writer() else None
         step = state.iteration - 1
         return self.save_point(loop, "step", step, max(state.epoch - 1, 0), step, state.storage, loop.val_metrics)
@@ -319,6 +319,9 @@ class Checkpoint(CallbackMixin):
         is_best = self._update_best(storage, val_metrics, getattr(loop.state, "metrics", None))
         if is_best:
             self._best_iteration = int(loop.state.iteration)
+        # every rank notes the saved state, so all take the same decision at the loop end
+        self._saved_iteration = loop.state.iteration
+        self._saved_epoch_open = bool(getattr(loop.state, "epoch_open", False))
         if not self._is_writer():
             return None
         os.makedirs(self.save_dir, exist_ok=True)
@@ -334,8 +337,6 @@ class Checkpoint(CallbackMixin):
                 "Checkpoint %s holds NaN/Inf weights; rotation keeps %s, the newest checkpoint with "
                 "finite weights.", path, self._last_finite or "no earlier file of this run",
             )
-        self._saved_iteration = loop.state.iteration
-        self._saved_epoch_open = bool(getattr(loop.state, "epoch_open", False))
         best = f" (new best {self.monitor_metric_key or 'metric'}={self.best:.6g})" if is_best else ""
         logger.info("Saved checkpoint %s%s.", path, best)
         self._rotate(kind, number, path)
