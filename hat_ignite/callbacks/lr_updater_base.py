@@ -312,6 +312,15 @@ class LrUpdaterBase(CallbackMixin):
         if self._base_lrs is not None and len(self._base_lrs) == len(base):
             self._base_lrs = list(self._restored_base_lrs)
 
+    def rebase_from_optimizer(self) -> None:
+        """Forget the restored base values: take them from the optimizer's groups at loop begin.
+
+        A resume whose config changed the scheduled option (the lr) loads the config's value into
+        the groups' ``initial_<param_name>`` entries; the schedule then starts from it.
+        """
+        self._restored_base_lrs = None
+        self._base_lrs = None
+
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(update_by={self.update_by!r}, warmup_by={self.warmup_by!r}, "

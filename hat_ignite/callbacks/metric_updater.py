@@ -21,6 +21,16 @@ Resuming: the metrics' accumulated state is saved in each training checkpoint
 (:meth:`MetricUpdater.state_dict`); a resumed run puts it back at loop begin, and the epoch it
 resumes inside is not reset at its begin, so its final values equal a straight run's.
 
+Steps whose update is dropped (``nonfinite_policy="skip"`` on the batch processor) contribute
+nothing: in such a training loop each batch's ``metric_update_func`` call waits until the loop
+knows whether its step's update was done (``loop.update_dropped``; at once without a fused
+optimizer, a step or more later with one, whose flag stays on the device until then), and is
+dropped with the update. Before a step's log or store, the epoch end, the loop end and a
+checkpoint (:meth:`MetricUpdater.state_dict`) the pending outcomes are read at once
+(``loop.settle_updates()``, a blocking read at those points only), so the values shown and saved
+hold every done step and no dropped one. The batches and model outputs of the waiting steps (one,
+or a few on an accelerator) are held until then.
+
 Storage layout: ``storage[storage_key]`` is a dict ``{metric name: value}`` (values are Python
 floats, or lists of floats for metrics with a vector value) holding the latest stored values.
 It is always written at the end of the run, so inside a validation run (one epoch) it ends up
@@ -31,6 +41,7 @@ into the training loop's storage, where a checkpoint callback can compare it acr
 from __future__ import annotations
 
 import logging
+from collections import deque
 from typing import Any, Callable, Sequence
 
 import ignite.distributed as idist
@@ -188,6 +199,10 @@ class MetricUpdater(CallbackMixin):
         self._checked_metrics: Any = None  # the metrics object _metrics() last found non-empty
         self._warned: set[str] = set()  # classes of unwrapped torchmetrics / Ignite metrics warned about
         self._restored: dict[str, Any] | None = None  # a checkpoint's state, applied at loop begin
+        # With a loop that may drop a step's update: that loop, and the updates waiting for it to
+        # say whether their step's update was done ((global_step_id, metrics, batch, model_outs)).
+        self._gate: Any = None
+        self._waiting: deque[tuple[int, Any, Any, Any]] = deque()
         #: The epoch id its epoch line shows instead of the loop's own: a ``Validation`` sets it to the
         #: training epoch it validates, so that line reads ``Validation Epoch[3]``, not ``Epoch[0]``.
         self.log_epoch_id: int | None = None
@@ -268,7 +283,26 @@ class MetricUpdater(CallbackMixin):
         return [h for h in super().overridden_hooks() if not skip.get(h, False)]
 
     # -- hooks -----------------------------------------------------------------------------
+    def _release(self, settle: bool = False) -> None:
+        """Apply the waiting updates whose step's update was done, drop those of dropped ones."""
+        waiting, gate = self._waiting, self._gate
+        if not waiting or gate is None:
+            return
+        if settle:
+            gate.settle_updates()
+        while waiting:
+            dropped = gate.update_dropped(waiting[0][0])
+            if dropped is None:
+                return
+            _, metrics, batch, model_outs = waiting.popleft()
+            if not dropped:
+                self.metric_update_func(metrics, batch, model_outs)
+                self._dirty = True
+
     def on_loop_begin(self, train_metrics: Any = None, **kwargs: Any) -> None:
+        loop = kwargs.get("loop")
+        self._gate = loop if getattr(loop, "drops_updates", False) else None
+        self._waiting.clear()
         self._last_pairs = None
         restored, self._restored = self._restored, None
         self._reset(train_metrics)
@@ -277,14 +311,21 @@ class MetricUpdater(CallbackMixin):
 
     def on_epoch_begin(self, train_metrics: Any = None, loop: Any = None, **kwargs: Any) -> None:
         if self.reset_metrics_by == "epoch" and not _begins_part_way(loop):
+            self._waiting.clear()  # the epoch end read every outcome: nothing of the last epoch waits
             self._reset(train_metrics)
 
     def on_step_begin(self, train_metrics: Any = None, **kwargs: Any) -> None:
         if self.reset_metrics_by == "step":
+            self._waiting.clear()  # what the last step fed is reset unread
             self._reset(train_metrics)
 
     def on_batch_end(self, batch: Any = None, model_outs: Any = None, train_metrics: Any = None, **kwargs: Any) -> None:
         if self.filter_condition is not None and not self.filter_condition(batch):
+            return
+        if self._gate is not None:  # the step's update may still be dropped: wait to know
+            step = self._gate.state.iteration - 1  # the running step's global_step_id
+            self._waiting.append((step, self._metrics(train_metrics), batch, model_outs))
+            self._release()
             return
         self.metric_update_func(self._metrics(train_metrics), batch, model_outs)
         self._dirty = True
@@ -297,6 +338,7 @@ class MetricUpdater(CallbackMixin):
         store_now = self.step_storage_freq > 0 and (global_step_id + 1) % self.step_storage_freq == 0
         if not (log_now or store_now):
             return
+        self._release(settle=True)
         metrics = self._metrics(train_metrics)
         pairs = self._values(metrics)
         if log_now:
@@ -309,6 +351,7 @@ class MetricUpdater(CallbackMixin):
     def on_epoch_end(
         self, epoch_id: int, storage: dict[str, Any] | None = None, train_metrics: Any = None, **kwargs: Any,
     ) -> None:
+        self._release(settle=True)
         log_now = (
             self.reset_metrics_by == "epoch" and self.epoch_log_freq > 0 and (epoch_id + 1) % self.epoch_log_freq == 0
         )
@@ -322,6 +365,7 @@ class MetricUpdater(CallbackMixin):
             self._store(storage, pairs)
 
     def on_loop_end(self, storage: dict[str, Any] | None = None, train_metrics: Any = None, **kwargs: Any) -> None:
+        self._release(settle=True)
         if self._dirty:
             self._store(storage, self._values(self._metrics(train_metrics)))
         elif self._last_pairs is not None:  # reset right after the last log: store what it showed
@@ -334,6 +378,7 @@ class MetricUpdater(CallbackMixin):
         ``{"metrics": [each metric's state_dict()], "dirty", "last_pairs"}``; ``metrics`` is
         ``None`` before the first update, or when a metric has no ``state_dict()``.
         """
+        self._release(settle=True)  # a checkpoint holds every done step's values, no dropped one's
         metrics = list(iter_metrics(self._checked_metrics))
         states = [m.state_dict() for m in metrics] if metrics and all(
             callable(getattr(m, "state_dict", None)) for m in metrics) else None

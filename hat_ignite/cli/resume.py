@@ -138,11 +138,13 @@ def finished_run(trainer: Any, checkpoint: Mapping[str, Any], stage_cfg: Mapping
     """Why resuming from ``checkpoint`` has nothing left to do, or ``None`` when it has.
 
     A run is finished when the checkpoint continues its progress (``resume_epoch_or_step`` is not
-    turned off in the config), was taken after the last step of the schedule the trainer has now
-    (``num_epochs`` epochs of the data loader, or ``num_steps`` steps) with every epoch-end hook
-    run, and ``metrics.json`` in the work dir records that end for the stage (written after the
-    last step, not after a stop on a signal). A longer schedule given on the command line
-    (``--opts float_trainer.num_epochs=30``) is not finished and resumes as usual.
+    turned off in the config), was taken exactly at the end of the schedule the trainer has now
+    (``num_epochs`` epochs of the data loader, with the steps per epoch it was written with, or
+    ``num_steps`` steps) with every epoch-end hook run, and ``metrics.json`` in the work dir
+    records that end for the stage (written after the last step, not after a stop on a signal).
+    A longer schedule given on the command line (``--opts float_trainer.num_epochs=30``) is not
+    finished and resumes as usual; a shorter one, or another batch size, is refused by the resume
+    (:mod:`hat_ignite.callbacks.checkpoint_progress`).
     """
     if stage_cfg.get("resume_epoch_or_step", True) is False:
         return None
@@ -157,13 +159,16 @@ def finished_run(trainer: Any, checkpoint: Mapping[str, Any], stage_cfg: Mapping
             length = len(trainer.data_loader)
         except TypeError:
             return None
+        saved_length = progress.get("epoch_length")
+        if saved_length and int(saved_length) != length:
+            return None  # another batch size: the resume refuses it, naming both
         total = int(trainer.num_epochs or 0) * length
         schedule = f"{trainer.num_epochs} epochs of {length} steps"
     else:
         total = int(trainer.num_steps or 0)
         schedule = f"{total} steps"
-    if iteration < total:
-        return None
+    if iteration != total:
+        return None  # not at the end; past it, the resume refuses (the config asks for a shorter run)
     path = os.path.join(work_path, "metrics.json")
     try:
         with open_regular(path) as f:

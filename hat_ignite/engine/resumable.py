@@ -176,6 +176,25 @@ class ResumableLoopMixin(_EngineBase):
         if settle is not None and self.optimizer is not None:
             settle(self)
 
+    @property
+    def drops_updates(self) -> bool:
+        """Whether a step's update may be dropped (``nonfinite_policy="skip"``): then what a step
+        fed into metrics counts only once :meth:`update_dropped` says its update was done."""
+        guard = getattr(self.batch_processor, "nonfinite", None)
+        return (self.optimizer is not None and getattr(guard, "policy", None) == "skip"
+                and bool(getattr(self.batch_processor, "check_finite_loss", False)))
+
+    def update_dropped(self, global_step_id: int) -> bool | None:
+        """Whether the NaN/Inf guard dropped the update step ``global_step_id`` fed (skip policy).
+
+        ``None`` while not known yet: with a fused optimizer the flag is read a step or more later
+        (:meth:`settle_updates` reads it at once, a blocking read). ``False`` without a guard.
+        """
+        guard = getattr(self.batch_processor, "nonfinite", None)
+        if guard is None or not self.drops_updates:
+            return False
+        return guard.update_dropped(global_step_id)
+
     def data_state_dict(self) -> dict[str, Any] | None:
         """Where the training data stream stands: what an exact mid-epoch resume needs.
 
