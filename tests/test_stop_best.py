@@ -33,7 +33,7 @@ def hat_train(config: pathlib.Path, work_dir: pathlib.Path, *opts: str, resume: 
     args = [sys.executable, str(ROOT / "bin" / "hat-train"), str(config), "--work-dir", str(work_dir),
             *(["--resume"] if resume else []),
             "--opts", "float_trainer.num_epochs=3", "float_trainer.callbacks[4].interval_by='step'",
-            "float_trainer.callbacks[4].save_interval=5", *opts]
+            "float_trainer.callbacks[4].save_interval=5", "float_trainer.callbacks[4].keep_n=20", *opts]
     return subprocess.run(args, cwd=work_dir.parent, capture_output=True, text=True, timeout=300, env=env)
 
 
@@ -53,9 +53,15 @@ def test_sigterm_during_validation_keeps_the_straight_best(tmp_path):
     assert "new best" not in done.stderr.split("Validation Epoch[1]")[1]
     done = hat_train(config, stopped, resume=True)
     assert done.returncode == 0, done.stderr[-3000:]
-    expected, got = torch.load(straight / BEST, weights_only=True), torch.load(stopped / BEST, weights_only=True)
-    assert expected["step"] == 49 and expected["callbacks"]["Checkpoint"]["best_iteration"] == 50
-    assert got["step"] == expected["step"]
-    assert got["callbacks"]["Checkpoint"] == expected["callbacks"]["Checkpoint"]
-    for key, value in expected["state_dict"].items():
-        assert torch.equal(got["state_dict"][key], value), key
+    # the save point after the stopped validation (global step 49) holds the straight run's best,
+    # and so does the final best (the end of training judges the last validation)
+    (step_49,) = (straight / "checkpoints").glob("float-checkpoint-step-49-*.pth.tar")
+    pairs = [(straight / BEST, stopped / BEST), (step_49, stopped / "checkpoints" / step_49.name)]
+    at_49 = torch.load(step_49, weights_only=True)
+    assert at_49["callbacks"]["Checkpoint"]["best_iteration"] == 50
+    for straight_file, stopped_file in pairs:
+        expected, got = torch.load(straight_file, weights_only=True), torch.load(stopped_file, weights_only=True)
+        assert got["step"] == expected["step"]
+        assert got["callbacks"]["Checkpoint"] == expected["callbacks"]["Checkpoint"]
+        for key, value in expected["state_dict"].items():
+            assert torch.equal(got["state_dict"][key], value), key
