@@ -7,7 +7,7 @@ from __future__ import annotations
 
 __all__ = [
     "HatIgniteError", "ConfigError", "CheckpointError", "CallbackSignatureError", "NonFiniteLossError",
-    "BatchError", "DataError", "QuantizationError",
+    "BatchError", "DataError", "QuantizationError", "MissingExtraError",
 ]
 
 
@@ -46,3 +46,15 @@ class DataError(HatIgniteError, ValueError):
 
 class QuantizationError(HatIgniteError, RuntimeError):
     """A model cannot be prepared, calibrated, trained or converted for int8; names the module and the fix."""
+
+
+class MissingExtraError(HatIgniteError, ImportError):
+    """An optional package is not installed; the message names the extra that installs it.
+
+    >>> print(MissingExtraError("matplotlib", "curves", "drawing training curves"))
+    drawing training curves needs matplotlib, which is not installed: pip install 'hat-ignite[curves]'.
+    """
+
+    def __init__(self, package: str, extra: str, purpose: str) -> None:
+        super().__init__(f"{purpose} needs {package}, which is not installed: pip install 'hat-ignite[{extra}]'.")
+        self.package, self.extra = package, extra
