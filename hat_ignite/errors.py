@@ -7,7 +7,8 @@ from __future__ import annotations
 
 __all__ = [
     "HatIgniteError", "ConfigError", "CheckpointError", "CallbackSignatureError", "NonFiniteLossError",
-    "BatchError", "DataError", "QuantizationError", "MissingExtraError",
+    "BatchError", "DataError", "QuantizationError", "UnknownLengthError",
+    "MissingHatNameError", "MissingExtraError",
 ]
 
 
@@ -46,6 +47,23 @@ class DataError(HatIgniteError, ValueError):
 
 class QuantizationError(HatIgniteError, RuntimeError):
     """A model cannot be prepared, calibrated, trained or converted for int8; names the module and the fix."""
+
+
+class UnknownLengthError(HatIgniteError, ValueError, AssertionError):
+    """A schedule needs a run length (steps per epoch, total steps) the loop does not define.
+
+    Also an ``AssertionError``: HAT asserts the data loader has a length there, so HAT code that
+    catches ``AssertionError`` catches this one too.
+    """
+
+
+class MissingHatNameError(HatIgniteError, AttributeError):
+    """A ``hat.*`` alias module does not serve the name asked for; the message says why and what to do.
+
+    An ``AttributeError``, so ``hasattr(module, name)`` and ``getattr(module, name, default)``
+    work as on any module. ``from hat.x import Name`` raises an ``ImportError`` with the same
+    message (see :mod:`hat_ignite.hat_alias`).
+    """
 
 
 class MissingExtraError(HatIgniteError, ImportError):

@@ -15,7 +15,10 @@ class registered with ``hat.registry.OBJECT_REGISTRY`` is registered with
   the returned :class:`HatSource` says which ``hat`` is used. The finder sits last on
   ``sys.meta_path``, so a ``hat`` on ``sys.path`` wins even if it appears later.
 * Names hat-ignite does not provide (``hat.models.backbones.ResNet18``, ``hat.data...``) fail
-  when imported, with a message naming the missing name and how to register one of your own.
+  when imported, with a message naming the missing name and how to register one of your own:
+  ``from hat.x import Name`` raises an ``ImportError`` with it, and ``hat.x.Name`` a
+  :class:`~hat_ignite.errors.MissingHatNameError` (an ``AttributeError``), so ``hasattr`` and
+  ``getattr(module, name, default)`` answer as on any module.
 * It holds in every process the run starts. A forked process inherits the hook. A process
   started with ``spawn`` or ``forkserver`` (DDP ranks, DataLoader workers with ``num_workers``
   > 0 unpickling a dataset class whose module imports ``hat``) gets only the parent's
@@ -53,6 +56,7 @@ import types
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from hat_ignite.errors import MissingHatNameError
 from hat_ignite.hat_alias_names import HAT_MODULES, HELPER_PREFIXES, MODEL_ZOO_PREFIXES
 
 __all__ = [
@@ -61,6 +65,12 @@ __all__ = [
 ]
 
 _MARK = "__hat_ignite_alias__"
+
+#: Names a virtual module refused (``"hat.x.Name"``) and why. ``from hat.x import Name`` asks
+#: the package for ``Name`` first; when that fails it imports ``hat.x.Name`` as a submodule (how
+#: Python imports a package's children), and the finder then raises this message as an
+#: ImportError instead of serving an empty module (Python's own "cannot import name" says less).
+_REFUSED: dict[str, str] = {}
 
 #: The directory put on ``sys.path`` while the alias is installed: it holds only a ``hat``
 #: package that serves the alias in processes started with ``spawn`` / ``forkserver``.
@@ -163,9 +173,10 @@ def _module_getattr(module: types.ModuleType, exports: Mapping[str, str]) -> Any
         if child in HAT_MODULES:
             return importlib.import_module(child)
         if attr.startswith("_"):
-            raise AttributeError(f"module {module_name!r} has no attribute {attr!r}")
-        # an ImportError (not AttributeError) so that `from hat.x import Name` shows this message
-        raise ImportError(_missing_message(module_name, attr, exports), name=module_name)
+            raise AttributeError(f"module {module_name!r} has no attribute {attr!r}", name=attr, obj=module)
+        message = _missing_message(module_name, attr, exports)
+        _REFUSED[child] = message  # for `from hat.x import Name`, which imports hat.x.Name next
+        raise MissingHatNameError(message, name=attr, obj=module)
 
     return __getattr__
 
@@ -176,6 +187,9 @@ class _HatFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
         if fullname != "hat" and not fullname.startswith("hat."):
             return None
+        refused = _REFUSED.pop(fullname, None)
+        if refused is not None:  # `from hat.x import Name` of a name hat.x refused just now
+            raise ImportError(refused, name=fullname.rpartition(".")[0])
         return importlib.machinery.ModuleSpec(fullname, self, origin="hat_ignite.hat_alias", is_package=True)
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
@@ -249,5 +263,6 @@ def uninstall_hat_alias() -> None:
     """Remove the hook and the virtual ``hat.*`` modules imported so far (idempotent)."""
     sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _HatFinder)]
     sys.path[:] = [p for p in sys.path if p != ALIAS_PATH]
+    _REFUSED.clear()
     for name in [n for n, m in sys.modules.items() if (n == "hat" or n.startswith("hat.")) and getattr(m, _MARK, False)]:
         del sys.modules[name]

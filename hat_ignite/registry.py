@@ -40,7 +40,7 @@ from typing import Any, Callable, Iterable
 
 from hat_ignite.build_data import distributed_sampler_args, loader_sampler_args
 from hat_ignite.builtin_names import BUILTIN_OBJECTS, NOT_PROVIDED
-from hat_ignite.errors import ConfigError, HatIgniteError
+from hat_ignite.errors import ConfigError, HatIgniteError, MissingHatNameError
 
 __all__ = ["Registry", "OBJECT_REGISTRY", "BUILTIN_OBJECTS", "build_from_cfg", "config_error"]
 
@@ -84,10 +84,13 @@ def _import_path(path: str) -> Any:
                 continue
             raise
         for i, attr in enumerate(attrs):
-            if not hasattr(obj, attr):
+            try:
+                obj = getattr(obj, attr)
+            except MissingHatNameError as exc:  # a hat.* alias module: its message says what to do
+                raise LookupError(str(exc)) from exc
+            except AttributeError as exc:
                 where = ".".join([module_name, *attrs[:i]])
-                raise LookupError(f"{where!r} has no attribute {attr!r}")
-            obj = getattr(obj, attr)
+                raise LookupError(f"{where!r} has no attribute {attr!r}") from exc
         return obj
     raise LookupError(last_error)
 

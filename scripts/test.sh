@@ -5,6 +5,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh test
 rc=0
-.venv/bin/python -m pytest -q "$@" || rc=$?
+.venv/bin/python -m pytest -q --file-progress "$@" || rc=$?  # a line per test file (conftest.py)
 .venv/bin/python -m mypy hat_ignite || rc=$((rc ? rc : 1))
 exit "$rc"

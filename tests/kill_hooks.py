@@ -7,7 +7,10 @@
   ``Checkpoint`` callback in this process, i.e. after that save point's periodic file and
   ``last`` are written.
 
-``signal_name`` is ``"SIGKILL"`` (default) or ``"SIGTERM"``. Without ``step`` or ``best_write`` it
+- ``validation=N``: among a ``Validation``'s callbacks, in the first step of the ``N``-th
+  validation run (its ``Predictor``), i.e. while the trainer waits for that validation.
+
+``signal_name`` is ``"SIGKILL"`` (default) or ``"SIGTERM"``. Without ``step``, ``best_write`` or ``validation`` it
 does nothing, so a straight run and a resumed run carry the same callback list as the killed run.
 The tests import it as ``kill_hooks.KillAt`` (the ``tests`` directory is on the child's path).
 """
@@ -24,15 +27,19 @@ from hat_ignite.callbacks import CallbackMixin
 class KillAt(CallbackMixin):
     """Signals this process at ``step`` or before the ``best_write``-th ``best`` write."""
 
-    def __init__(self, step: int | None = None, best_write: int | None = None, signal_name: str = "SIGKILL") -> None:
+    def __init__(self, step: int | None = None, best_write: int | None = None, signal_name: str = "SIGKILL",
+                 validation: int | None = None) -> None:
         self.step = step
         self.best_write = best_write
+        self.validation = validation
+        self.runs = 0  # loops begun (validation runs, when among a Validation's callbacks)
         self.signum = getattr(signal, signal_name)
 
     def _fire(self) -> None:
         os.kill(os.getpid(), self.signum)
 
     def on_loop_begin(self, loop: Any = None, **kwargs: Any) -> None:
+        self.runs += 1
         if self.best_write is None:
             return
         writers = [cb for cb in loop.callbacks if type(cb).__name__ == "Checkpoint"]
@@ -48,6 +55,8 @@ class KillAt(CallbackMixin):
 
         writer._write_best = write_best
 
-    def on_step_end(self, global_step_id: int = 0, **kwargs: Any) -> None:
+    def on_step_end(self, global_step_id: int = 0, step_id: int = 0, **kwargs: Any) -> None:
         if self.step is not None and global_step_id == self.step:
+            self._fire()
+        if self.validation is not None and self.runs == self.validation and step_id == 0:
             self._fire()

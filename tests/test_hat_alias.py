@@ -105,6 +105,29 @@ def test_missing_model_zoo_names_say_what_is_missing_and_how_to_register_one(hat
         from hat.engin import Trainer  # noqa: F401
 
 
+def test_a_missing_name_is_an_attribute_error_and_a_from_import_keeps_the_message(hat_alias):
+    import hat.models.backbones
+    import hat.utils.model_helpers
+
+    from hat_ignite.errors import MissingHatNameError
+
+    assert not hasattr(hat.utils.model_helpers, "fx_wrap")
+    assert getattr(hat.models.backbones, "ResNet18", None) is None
+    assert hasattr(hat.utils.model_helpers, "has_normalization")  # a served name
+    with pytest.raises(MissingHatNameError, match=r"^hat\.models\.backbones\.ResNet18: HAT's model zoo") as info:
+        hat.models.backbones.ResNet18
+    assert isinstance(info.value, AttributeError) and info.value.name == "ResNet18"
+    for _ in range(2):  # after hasattr / getattr asked for them too
+        with pytest.raises(ImportError, match=r"^hat\.utils\.model_helpers\.fx_wrap: hat-ignite's "):
+            from hat.utils.model_helpers import fx_wrap  # noqa: F401
+        with pytest.raises(ImportError, match=r"^hat\.models\.backbones\.ResNet18: HAT's model zoo"):
+            from hat.models.backbones import ResNet18  # noqa: F401
+    assert "hat.utils.model_helpers.fx_wrap" not in sys.modules  # no empty module was served
+    from hat_ignite.registry import build_from_cfg
+    with pytest.raises(ValueError, match=r"cannot import 'hat\.models\.backbones\.ResNet18': .*model zoo"):
+        build_from_cfg({"type": "hat.models.backbones.ResNet18"})
+
+
 def test_importing_hat_ignite_installs_nothing():
     proc = _run_python(
         """

@@ -19,6 +19,7 @@ from hat_ignite.callbacks.checkpoint import Checkpoint
 from hat_ignite.callbacks.ema import ExponentialMovingAverage
 from hat_ignite.callbacks.grad_scale import GradScale
 from hat_ignite.callbacks.lr_updater import CosLrUpdater, OneCycleUpdater, PolyLrUpdater, StepDecayLrUpdater
+from hat_ignite.callbacks.stats_monitor import StatsMonitor
 from hat_ignite.callbacks.tensorboard import TensorBoard
 from hat_ignite.visualize.event_file import read_scalars
 
@@ -165,3 +166,22 @@ def test_checkpoint_loop_end_alone_saves_last(tmp_path):
     ck.on_loop_end(model=nn.Linear(2, 1), ema_model=None, optimizer=None, storage=None, epoch_id=4, global_step_id=9)
     saved = torch.load(ck.last_path, weights_only=False)
     assert (saved["epoch"], saved["step"]) == (4, 9)
+
+
+def test_checkpoint_on_loop_begin_without_loop(tmp_path):
+    model = nn.Linear(2, 1)
+    ck = Checkpoint(save_dir=str(tmp_path / "ck"), interval_by="step")
+    ck.on_loop_begin()
+    ck.on_step_end(epoch_id=0, step_id=0, global_step_id=0, model=model, optimizer=None, val_metrics=None)
+    assert any(p.name.startswith("checkpoint-step-0") for p in (tmp_path / "ck").iterdir())
+
+
+def test_stats_monitor_without_loop_and_storage():
+    opt = _opt(0.05)
+    sm = StatsMonitor(log_freq=1)
+    sm.on_loop_begin()
+    sm.on_epoch_begin()
+    sm.on_step_end(epoch_id=0, step_id=0, global_step_id=0, optimizer=opt)
+    storage: dict = {}
+    sm.on_step_end(epoch_id=0, step_id=1, global_step_id=1, optimizer=opt, storage=storage)
+    assert storage["stats"]["global_step_id"] == 1 and storage["stats"]["lr"] == 0.05

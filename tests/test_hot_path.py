@@ -1,4 +1,4 @@
-"""The per-step path: generated keyword builders, the HAT event dispatcher, and the finite-loss check."""
+"""The per-step path: the hook keywords, the HAT event dispatcher, no-op hooks, and the finite-loss check."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from torch import nn
 
 from hat_ignite.callbacks import CallbackMixin
 from hat_ignite.engine import HOOK_KWARGS, BasicBatchProcessor, HatEvents, Trainer, collect_loss_by_index
-from hat_ignite.engine.state import COMMON_KWARGS, kwargs_builder
+from hat_ignite.engine.dispatch import is_noop
+from hat_ignite.engine.state import COMMON_KWARGS, hook_kwargs
 
 
 class Net(nn.Module):
@@ -31,19 +32,19 @@ def make_trainer(callbacks=(), n=4, **kwargs):
                    device=None, num_epochs=1, callbacks=list(callbacks), **kwargs)
 
 
-def test_builders_build_exactly_the_contract_of_every_hook():
+def test_the_keywords_of_every_hook_are_exactly_its_contract():
     trainer = make_trainer()
     trainer.fit()
     for hook, names in HOOK_KWARGS.items():
-        built = kwargs_builder(hook)(trainer)
+        built = hook_kwargs(hook, trainer)
         assert list(built) == [*names, *COMMON_KWARGS], hook
         assert built["loop"] is trainer and built["storage"] is trainer.state.storage
-    assert kwargs_builder("on_step_end", ("global_step_id",))(trainer) == {"global_step_id": trainer.state.iteration - 1}
-    assert kwargs_builder("on_epoch_end", ("global_step_id",))(trainer) == {"global_step_id": trainer.state.iteration}
-    with pytest.raises(ValueError, match="on_loop_begin does not pass 'losses'"):
-        kwargs_builder("on_loop_begin", ("losses",))
+    # inside a step global_step_id is the running step's id; outside, the next step's
+    assert hook_kwargs("on_step_end", trainer)["global_step_id"] == trainer.state.iteration - 1 == 3
+    assert hook_kwargs("on_epoch_end", trainer)["global_step_id"] == trainer.state.iteration == 4
+    assert hook_kwargs("on_loop_end", trainer)["epoch_id"] == 1 and hook_kwargs("on_epoch_end", trainer)["epoch_id"] == 0
     with pytest.raises(ValueError, match="not a HAT hook"):
-        kwargs_builder("on_step")
+        hook_kwargs("on_step", trainer)
 
 
 def test_named_hooks_shared_dicts_filters_and_plain_handlers_on_one_event():
@@ -99,9 +100,8 @@ def test_a_nan_loss_with_a_plain_optimizer_is_named_a_step_later_without_a_host_
     assert events == [0, 1, 2, 3]
 
 
-def test_tensorboard_builds_batch_keywords_only_for_its_update_functions(tmp_path):
+def test_tensorboard_update_functions_get_every_keyword(tmp_path):
     from hat_ignite.callbacks import TensorBoard
-    from hat_ignite.engine.dispatch import HookCall
 
     seen = []
 
@@ -113,8 +113,6 @@ def test_tensorboard_builds_batch_keywords_only_for_its_update_functions(tmp_pat
     with_funcs = TensorBoard(save_dir=str(tmp_path / "funcs"), update_freq=1, loss_name_reg="^0$",
                              tb_update_funcs=[record])
     trainer = make_trainer([plain, with_funcs])
-    calls = [h for h, _, _ in trainer._event_handlers[HatEvents.BATCH_END] if isinstance(h, HookCall)]
-    assert [c.only for c in calls] == [frozenset({"model_outs", "epoch_id", "global_step_id"}), None]
     trainer.fit()
     assert seen == [True] * 4  # the update functions still get every keyword
     from hat_ignite.visualize.event_file import event_files, read_scalars
@@ -122,3 +120,161 @@ def test_tensorboard_builds_batch_keywords_only_for_its_update_functions(tmp_pat
     for run in ("plain", "funcs"):  # both wrote the loss at every step, into their scalars file
         path = event_files(tmp_path / run)[0]
         assert [step for step, _ in read_scalars(path)["loss/0"]] == [0, 1, 2, 3]
+
+
+def test_hooks_reading_some_keywords_see_the_values_of_the_full_dict():
+    seen: dict[str, list] = {"full": [], "read": [], "missing": []}
+
+    class Full(CallbackMixin):
+        def on_step_end(self, **kwargs):
+            seen["full"].append((kwargs["epoch_id"], kwargs["step_id"], kwargs["global_step_id"],
+                                 kwargs.get("batch"), "loop" in kwargs, "losses" in kwargs, len(kwargs)))
+
+    class Reads(CallbackMixin):
+        def on_step_end(self, epoch_id, step_id, **kwargs):
+            seen["read"].append((epoch_id, step_id, kwargs["global_step_id"], kwargs.get("batch"), "loop" in kwargs,
+                                 "losses" in kwargs, 17))
+
+    class Missing(CallbackMixin):
+        def on_step_end(self, **kwargs):
+            seen["missing"].append(kwargs.get("losses", "absent"))  # on_step_end passes no losses
+            try:
+                kwargs["grad_scaler"]
+            except KeyError as exc:
+                seen["missing"].append(f"KeyError {exc}")
+
+    class Counter(CallbackMixin):
+        calls = 0
+
+        def on_step_end(self, **kwargs):
+            Counter.calls += 1
+
+    trainer = make_trainer([Full(), Reads(), Missing(), Counter()], n=6)
+    trainer.fit()
+    assert len(seen["full"]) == 6 and seen["full"][0][-1] == 17
+    assert [s[:-1] for s in seen["read"]] == [s[:-1] for s in seen["full"]]
+    assert [s[:3] for s in seen["full"]] == [(0, i, i) for i in range(6)]
+    assert all(a[3] is b[3] for a, b in zip(seen["read"], seen["full"]))  # the very batch objects
+    assert seen["missing"][:2] == ["absent", "KeyError 'grad_scaler'"]
+    assert Counter.calls == 6
+
+
+def test_hat_handlers_follow_handlers_added_and_removed():
+    trainer = make_trainer([])
+    index = HatEvents.STEP_END.hat_index
+    assert trainer.hat_handlers[index] is trainer._event_handlers[HatEvents.STEP_END]
+    assert not trainer.hat_handlers[index]
+
+    def every_other(engine):
+        pass
+
+    trainer.add_event_handler(HatEvents.STEP_END(every=2), every_other)
+    handle = trainer.add_event_handler(HatEvents.STEP_END, lambda: None)
+    assert len(trainer.hat_handlers[index]) == 2
+    handle.remove()  # Ignite replaces the event's list on removal
+    assert trainer.hat_handlers[index] is trainer._event_handlers[HatEvents.STEP_END]
+    assert len(trainer.hat_handlers[index]) == 1
+
+
+def test_an_event_fired_inside_a_hook_has_its_own_keywords():
+    seen = []
+
+    class Inner(CallbackMixin):
+        def on_epoch_begin(self, **kwargs):
+            seen.append(("epoch_begin", sorted(kwargs) == sorted((*HOOK_KWARGS["on_epoch_begin"], *COMMON_KWARGS))))
+
+    class Outer(CallbackMixin):
+        def on_step_end(self, **kwargs):
+            if kwargs["global_step_id"] == 0:
+                kwargs["loop"].fire_event(HatEvents.EPOCH_BEGIN)
+            seen.append(("step_end", "model_outs" in kwargs))
+
+    class After(CallbackMixin):
+        def on_step_end(self, **kwargs):
+            seen.append(("after", "model_outs" in kwargs and "epoch_id" in kwargs))
+
+    trainer = make_trainer([Inner(), Outer(), After()], n=2)
+    trainer.fit()
+    assert seen[1:4] == [("epoch_begin", True), ("step_end", True), ("after", True)]
+    assert trainer.firing_kwargs is None  # nothing kept between firings
+
+
+def _plain_hook(self, **kwargs):
+    pass
+
+
+def _docstring_hook(self, **kwargs):
+    """Only a docstring."""
+
+
+def _ellipsis_hook(self, *args, **kwargs):
+    ...
+
+
+def _returns_none(self, **kwargs):
+    return None
+
+
+def _returns_value(self, **kwargs):
+    return 1
+
+
+def _reads_a_key(self, **kwargs):
+    kwargs["epoch_id"]  # a KeyError where it is missing: it does something
+
+
+def _calls(self, **kwargs):
+    print("hook")
+
+
+def _decorated(func):
+    import functools
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        print("wrapped")
+        return func(*args, **kwargs)
+
+    return wrapper
+
+
+_made_at_run_time: dict = {}
+exec("def made(self, **kwargs):\n    pass\n", _made_at_run_time)  # no source file to read
+
+
+@pytest.mark.parametrize(
+    ("hook", "noop"),
+    [(_plain_hook, True), (_docstring_hook, True), (_ellipsis_hook, True), (_returns_none, True),
+     (_returns_value, False), (_reads_a_key, False), (_calls, False), (_decorated(_plain_hook), False),
+     (_made_at_run_time["made"], False), (print, False), (lambda self, **kwargs: None, False),
+     (CallbackMixin.on_step_end, True)],
+    ids=["pass", "docstring", "ellipsis", "return-none", "return-value", "subscript", "call", "decorated",
+         "no-source", "builtin", "lambda", "CallbackMixin"],
+)
+def test_a_hook_is_a_noop_only_when_its_source_body_does_nothing(hook, noop):
+    assert is_noop(hook) is noop
+
+
+def test_noop_hooks_are_not_attached_and_others_are():
+    class Base:
+        def on_step_end(self, **kwargs):
+            pass
+
+        def on_batch_end(self, **kwargs):
+            """Nothing."""
+
+    class Counts(Base):
+        calls = 0
+
+        def on_batch_end(self, **kwargs):
+            Counts.calls += 1
+
+    class ReturnsSomething(Base):
+        def on_step_end(self, **kwargs):
+            return 1
+
+    trainer = make_trainer([Counts(), ReturnsSomething()])
+    assert trainer.event_handlers(HatEvents.BATCH_END) == ["Counts.on_batch_end"]
+    assert trainer.event_handlers(HatEvents.STEP_END) == ["ReturnsSomething.on_step_end"]
+    trainer.fit()
+    assert Counts.calls == 4

@@ -1,4 +1,4 @@
-"""Ignite's profilers against ours on a HAT hook that takes 2 ms a step (digits data)."""
+"""Ignite's profilers and ours on a HAT hook that takes 2 ms a step (digits data)."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def make_trainer(hook):
                    callbacks=[hook])
 
 
-def test_handlers_time_profiler_counts_hat_hooks_twice_ours_once(tmp_path):
+def test_handlers_time_profiler_and_ours_count_a_hat_hook_once(tmp_path):
     hook = SlowHook()
     trainer = make_trainer(hook)
     ignite_profiler = HandlersTimeProfiler()
@@ -48,11 +48,10 @@ def test_handlers_time_profiler_counts_hat_hooks_twice_ours_once(tmp_path):
     trainer.fit()
     wall = time.perf_counter() - t0
     rows = {row[0]: row for row in ignite_profiler.get_results()}
-    # Ignite times the hook as a handler and again inside "Processing" (the process function fires
-    # it), so its rows add up to more than the run took
+    # the process function fires the hook, and "Processing" leaves its time out: the hook's own
+    # row has it (see hat_ignite/engine/ignite_handlers.py)
     assert rows["SlowHook.on_step_end"][2] >= 0.9 * hook.spent
-    assert rows["Processing"][2] >= hook.spent
-    assert rows["Total"][2] + rows["Processing"][2] + rows["Dataflow"][2] > wall
+    assert rows["Total"][2] + rows["Processing"][2] + rows["Dataflow"][2] <= wall
 
     hook = SlowHook()
     trainer = make_trainer(hook)

@@ -320,6 +320,20 @@ def test_epoch_schedule_needs_a_loader_length():
         train(CosineAnnealingLrUpdater(), data=Stream(), num_steps=4)
 
 
+@pytest.mark.parametrize(
+    "updater",
+    [PolyLrUpdater(max_update=4, warmup_by="epoch", warmup_len=1), StepDecayLrUpdater(lr_decay_id=[1], warmup_len=1),
+     CosLrUpdater(warmup_by="epoch", warmup_len=1)],
+)
+def test_a_loader_without_length_fails_as_hats_assert(updater):
+    # HAT asserts the loader has a length here: HAT code catching AssertionError still catches ours
+    optimizer = torch.optim.SGD(nn.Linear(2, 1).parameters(), lr=0.1)
+    stream = (i for i in range(3))  # no len()
+    with pytest.raises(AssertionError, match="needs the steps per epoch") as caught:
+        updater.on_loop_begin(optimizer=optimizer, data_loader=stream, num_epochs=2)
+    assert isinstance(caught.value, ValueError)
+
+
 def test_epoch_only_schedules_attach_no_step_begin_handler():
     by_epoch = StepDecayLrUpdater(lr_decay_id=[1])
     step_warmup = StepDecayLrUpdater(lr_decay_id=[1], warmup_by="step", warmup_len=2)

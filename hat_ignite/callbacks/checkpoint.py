@@ -52,6 +52,7 @@ from hat_ignite.callbacks.checkpoint_files import (
     scan_checkpoints,
     weights_finite,
 )
+from hat_ignite.callbacks.checkpoint_lag import LateMetricWatch
 from hat_ignite.callbacks.checkpoint_monitor import metric_names, missing_key_hint, monitored_value
 from hat_ignite.callbacks.checkpoint_payload import training_state, unwrap_model
 from hat_ignite.callbacks.checkpoint_reconcile import reconcile
@@ -157,12 +158,16 @@ class Checkpoint(CallbackMixin):
         self._best_iteration: int | None = None  # steps done at the save point that reached ``best``
         self._restored = False  # load_state_dict ran since the last loop begin (a resume)
         self._saved_iteration: int | None = None
+        self._saved_epoch_open = False  # that saved state was taken before its epoch's end hooks ran
         self._warned_missing = False
         self._missing_names: list[str] = []  # metric names seen while the monitored key was missing
         # Rotation never deletes these: the file the run resumed from, the newest finite one.
         self._resumed_hashes: set[str] = set()
         self._resumed_numbers: set[tuple[str, int]] = set()
         self._last_finite: str | None = None
+        #: Warns when the monitored value in ``state.metrics`` was set after the read (see checkpoint_lag).
+        watched = mode is not None and best_refer_metric is None
+        self._lag = LateMetricWatch(monitor_metric_key) if watched and monitor_metric_key else None
 
     # -- file names ---------------------------------------------------------------------------
     def _path(self, name: str) -> str:
@@ -190,19 +195,23 @@ class Checkpoint(CallbackMixin):
         unused = "on_epoch_end" if self.interval_by == "step" else "on_step_end"
         return [hook for hook in super().overridden_hooks() if hook != unused]
 
-    def on_loop_begin(self, loop: LoopBase, **kwargs: Any) -> None:
-        self._saved_iteration = None
+    def on_loop_begin(self, loop: LoopBase | None = None, **kwargs: Any) -> None:
+        self._saved_iteration, self._saved_epoch_open = None, False
         self._warned_missing = False
         self._missing_names = []
         self._last_finite = None
+        if self._lag is not None and self.interval_by == "epoch" and callable(getattr(loop, "add_event_handler", None)):
+            self._lag.start(loop)
         resumed = getattr(loop, "checkpoint", None)
         self._resumed_hashes, self._resumed_numbers = resume_marks(resumed)
         restored, self._restored = self._restored, False
         progress = resumed.get("progress") if restored and isinstance(resumed, Mapping) else None
-        if not (isinstance(progress, Mapping) and progress.get("iteration") == loop.state.iteration):
+        if loop is None or not (isinstance(progress, Mapping) and progress.get("iteration") == loop.state.iteration):
             resumed = None  # not a resume of this run's progress: nothing to bring up to date
         else:
             self._saved_iteration = loop.state.iteration  # that state is saved: the loop end need not save it
+            data = resumed.get("data") if isinstance(resumed, Mapping) else None
+            self._saved_epoch_open = bool(isinstance(data, Mapping) and data.get("epoch_open"))
         sampler = self.task_sampler
         if sampler is not None and idist.get_world_size() > 1 and getattr(sampler, "is_parallel", lambda: False)():
             raise ValueError(
@@ -255,48 +264,78 @@ class Checkpoint(CallbackMixin):
         source: Any = loop if loop is not None else KeywordsLoop(
             kwargs.get("model"), kwargs.get("ema_model"), kwargs.get("optimizer"), epoch_id, global_step_id, storage,
         )
-        self._save_at_loop_end(source, epoch_id, global_step_id)
+        if self._lag is not None:
+            self._lag.stop()
+        self._save_at_loop_end(source, epoch_id, global_step_id, storage, kwargs.get("val_metrics"))
         self._check_best_written()
 
-    def _save_at_loop_end(self, source: Any, epoch_id: int, global_step_id: int) -> None:
+    def _save_at_loop_end(self, source: Any, epoch_id: int, global_step_id: int, storage: Any = None,
+                          val_metrics: Any = None) -> None:
+        """Write ``last`` unless the final save point wrote this very state.
+
+        A save point at the last step (``interval_by="step"``) comes before that epoch's end hooks
+        (validation, the closing of the epoch); the state after them is what the run ends with,
+        so it is written here, and, as at a save point, the monitored value (the last
+        validation's) is considered for ``best``.
+        """
         if not self.save_on_train_end:
             return
         source.settle_updates()  # every rank: a skipped update raises on all of them
-        if not self._is_writer() or self._saved_iteration == source.state.iteration:
+        state = source.state
+        epoch_open = bool(getattr(state, "epoch_open", False))
+        if self._saved_iteration == state.iteration and self._saved_epoch_open == epoch_open:
             return  # the final save point already wrote this state
+        is_best = self._update_best(storage, val_metrics, getattr(state, "metrics", None), quiet=True)
+        if is_best:
+            self._best_iteration = int(state.iteration)
+        self._saved_iteration, self._saved_epoch_open = state.iteration, epoch_open
+        if not self._is_writer():
+            return
         os.makedirs(self.save_dir, exist_ok=True)  # a hook called with no on_loop_begin first
-        path = atomic_save(with_content_hash(self._training_state(source, epoch_id, global_step_id)), self.last_path)
-        self._saved_iteration = source.state.iteration
-        logger.info("Saved checkpoint %s at the end of training.", path)
+        payload = with_content_hash(self._training_state(source, epoch_id, global_step_id))
+        path = atomic_save(payload, self.last_path)
+        if is_best:
+            self._write_best(payload, path)
+        best = f" (new best {self.monitor_metric_key or 'metric'}={self.best:.6g})" if is_best else ""
+        logger.info("Saved checkpoint %s at the end of training%s.", path, best)
 
     def save_resume_point(self, loop: LoopBase) -> str | None:
         """Write a resumable checkpoint of the state right after the step that just ended.
 
         The loop calls this when it stops on request (``loop.request_stop()``, e.g. on SIGTERM):
         a step file as a step-interval save point writes it, and ``last`` pointing at it.
-        Nothing is written twice when this step was already saved.
+        Nothing is written twice when this step was already saved. It never changes ``best``:
+        a straight run has no save point here, so a validation result not yet judged stays for
+        the next save point of the schedule (the resumed run's ``Validation`` puts it back into
+        the storage), and a stop cannot change which checkpoint is best.
 
         Returns:
             The file's absolute path (``None`` on ranks other than 0).
         """
         state = loop.state
-        if self._saved_iteration == state.iteration and os.path.exists(self.last_path):
+        if self._saved_iteration == state.iteration and (not self._is_writer() or os.path.exists(self.last_path)):
             return self.last_path if self._is_writer() else None
         step = state.iteration - 1
-        return self.save_point(loop, "step", step, max(state.epoch - 1, 0), step, state.storage, loop.val_metrics)
+        return self.save_point(loop, "step", step, max(state.epoch - 1, 0), step, state.storage, loop.val_metrics,
+                               judge_best=False)
 
     # -- saving ------------------------------------------------------------------------------
     def save_point(self, loop: LoopBase, kind: str, number: int, epoch_id: int, global_step_id: int,
-                   storage: Any = None, val_metrics: Any = None) -> str | None:
+                   storage: Any = None, val_metrics: Any = None, judge_best: bool = True) -> str | None:
         """Write a periodic checkpoint, update ``last`` (and ``best``), then rotate old files.
+
+        ``judge_best=False`` (a resume point written on a stop) leaves ``best`` as it is.
 
         Returns:
             The periodic file's absolute path (``None`` on ranks other than 0).
         """
         loop.settle_updates()  # before anything is written: never a checkpoint of a skipped update
-        is_best = self._update_best(storage, val_metrics, getattr(loop.state, "metrics", None))
+        is_best = judge_best and self._update_best(storage, val_metrics, getattr(loop.state, "metrics", None))
         if is_best:
             self._best_iteration = int(loop.state.iteration)
+        # every rank notes the saved state, so all take the same decision at the loop end
+        self._saved_iteration = loop.state.iteration
+        self._saved_epoch_open = bool(getattr(loop.state, "epoch_open", False))
         if not self._is_writer():
             return None
         os.makedirs(self.save_dir, exist_ok=True)
@@ -312,7 +351,6 @@ class Checkpoint(CallbackMixin):
                 "Checkpoint %s holds NaN/Inf weights; rotation keeps %s, the newest checkpoint with "
                 "finite weights.", path, self._last_finite or "no earlier file of this run",
             )
-        self._saved_iteration = loop.state.iteration
         best = f" (new best {self.monitor_metric_key or 'metric'}={self.best:.6g})" if is_best else ""
         logger.info("Saved checkpoint %s%s.", path, best)
         self._rotate(kind, number, path)
@@ -382,11 +420,16 @@ class Checkpoint(CallbackMixin):
         return "the run resumed from it" if (kind, number) in self._resumed_numbers else None
 
     # -- best metric ---------------------------------------------------------------------------
-    def _update_best(self, storage: Any, val_metrics: Any, engine_metrics: Any = None) -> bool:
+    def _update_best(self, storage: Any, val_metrics: Any, engine_metrics: Any = None, quiet: bool = False) -> bool:
+        """Whether the monitored value is a new best (then kept); ``quiet``: no warning when it is missing."""
         if self.mode is None:
             return False
+        if self._lag is not None:
+            self._lag.note_read(storage, engine_metrics)
         value = monitored_value(self.monitor_metric_key, self.best_refer_metric, storage, val_metrics,
                                 engine_metrics)
+        if value is None and quiet:
+            return False
         if value is None:
             names = metric_names(storage, engine_metrics)
             if not self._warned_missing or (names and not self._missing_names):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -21,6 +22,7 @@ from torch import nn
 
 from hat_ignite.callbacks.checkpoint_io import PathLike, load_checkpoint
 from hat_ignite.callbacks.checkpoint_optim import load_optimizer_state
+from hat_ignite.callbacks.checkpoint_progress import check_schedule, rebase_schedules
 from hat_ignite.callbacks.checkpoint_payload import set_rng_state, stateful_callbacks, unwrap_model
 from hat_ignite.errors import CheckpointError
 
@@ -93,18 +95,23 @@ def load_model_weights(
             path and the first offending keys.
     """
     path = os.path.abspath(os.fspath(path))
-    if key == "state_dict":
-        weights = dict(_model_weights(checkpoint, path))
-    else:
-        weights = dict(checkpoint[key])
+    source = _model_weights(checkpoint, path) if key == "state_dict" else checkpoint[key]
+    metadata = getattr(source, "_metadata", None)
+    weights = dict(source)
     if state_dict_update_func is not None:
-        weights = dict(state_dict_update_func(weights))
+        updated = state_dict_update_func(weights)
+        metadata = getattr(updated, "_metadata", metadata)
+        weights = dict(updated)
     target = unwrap_model(model)
     own = target.state_dict()
     if weights and all(k.startswith("module.") for k in weights) and not any(k.startswith("module.") for k in own):
         weights = {k[len("module."):]: v for k, v in weights.items()}
+        metadata = _renamed_metadata(metadata, lambda k: "" if k == "module" else k[len("module."):])
     if any("_orig_mod." in k for k in weights) and not any("_orig_mod." in k for k in own):
         weights = {k.replace("_orig_mod.", ""): v for k, v in weights.items()}  # saved from torch.compile(model)
+        metadata = _renamed_metadata(
+            metadata, lambda k: "" if k == "_orig_mod" else k.replace("_orig_mod.", "").replace("._orig_mod", ""),
+        )
     missing = [k for k in own if k not in weights]
     extra = [k for k in weights if k not in own]
     shapes = [
@@ -136,8 +143,20 @@ def load_model_weights(
         )
     if verbose and (missing or extra):
         logger.info("Loading %s into %s: missing %s; extra %s", path, type(target).__name__, missing, extra)
-    target.load_state_dict({k: v for k, v in weights.items() if k in own}, strict=False)
+    kept = OrderedDict((k, v) for k, v in weights.items() if k in own)
+    if metadata is not None:
+        # the modules' state-dict versions: without them torch treats every entry as written by
+        # the oldest version, and an observer's eps is silently reset to torch's default
+        kept._metadata = metadata  # type: ignore[attr-defined]
+    target.load_state_dict(kept, strict=False)
     return model
+
+
+def _renamed_metadata(metadata: Any, rename: Callable[[str], str]) -> Any:
+    """A state dict's ``_metadata`` (module path -> version info) with its module paths renamed."""
+    if metadata is None:
+        return None
+    return OrderedDict((rename(k), v) for k, v in metadata.items())
 
 
 def restore_training_state(
@@ -176,8 +195,9 @@ def restore_training_state(
             restored.append("ema_model")
         else:
             skipped.append("ema_model (the loop has no ema_model yet; it stays in loop.checkpoint)")
-    _restore_optimizer(loop, checkpoint, path, restored, skipped)
+    changed = _restore_optimizer(loop, checkpoint, path, restored, skipped)
     _restore_progress(loop, checkpoint, path, restored, skipped)
+    rebase_schedules(loop.callbacks, changed)  # after the callback states: the config's values rule
     loop.checkpoint = checkpoint
     if restored:
         logger.info("Restored from %s: %s.", path, ", ".join(restored))
@@ -196,15 +216,21 @@ def _fail(path: str, what: str, exc: Exception) -> CheckpointError:
 
 def _restore_optimizer(
     loop: LoopBase, ckpt: Mapping[str, Any], path: str, restored: list[str], skipped: list[str]
-) -> None:
+) -> set[str]:
+    """Restore the optimizer and grad scaler; return the optimizer options the config changed."""
     if not loop.resume_optimizer:
         skipped.append("optimizer and grad_scaler (resume_optimizer=False)")
-        return
+        return set()
+    changed: set[str] = set()
     if ckpt.get("optimizer") is None or loop.optimizer is None:
         skipped.append("optimizer (the loop has none)" if loop.optimizer is None else "optimizer (none saved)")
     else:
-        load_optimizer_state(loop.optimizer, ckpt["optimizer"], path, ckpt.get("optimizer_type"))
+        changes = load_optimizer_state(loop.optimizer, ckpt["optimizer"], path, ckpt.get("optimizer_type"),
+                                       run_options=True)
+        for change in changes:
+            logger.warning("Resuming from %s with the config's %s.", path, change.describe())
         restored.append("optimizer")
+        changed = {c.name for c in changes}
     ensure = getattr(loop.batch_processor, "ensure_grad_scaler", None)
     if ckpt.get("grad_scaler") and callable(ensure):
         ensure(loop.torch_device)  # fp16 processors create their scaler lazily: create it now
@@ -215,6 +241,7 @@ def _restore_optimizer(
             restored.append("grad_scaler")
         else:
             skipped.append("grad_scaler (the batch processor has no GradScaler yet)")
+    return changed
 
 
 def _check_world_size(progress: Mapping[str, Any], path: str) -> None:
@@ -253,11 +280,7 @@ def _restore_progress(
             length: int | None = len(loop.data_loader)
         except TypeError:
             length = saved_length
-        if saved_length and length and saved_length != length:
-            logger.warning(
-                "Checkpoint %s was written with %d steps per epoch; the data loader now has %d.",
-                path, saved_length, length,
-            )
+        check_schedule(loop, progress, ckpt.get("data"), length, path)
         loop.start_step = iteration
         loop.start_epoch = iteration // length if length else 0
         restored.append(f"progress (goes on at global step {iteration})")

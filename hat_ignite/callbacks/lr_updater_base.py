@@ -41,6 +41,7 @@ from typing import Any, Iterable, cast
 import torch
 
 from hat_ignite.callbacks.base import CallbackMixin
+from hat_ignite.errors import UnknownLengthError
 
 __all__ = ["LrUpdaterBase", "annealing_cos"]
 
@@ -170,9 +171,11 @@ class LrUpdaterBase(CallbackMixin):
         """Check arguments against the run and derive lengths; called on loop begin."""
 
     def require(self, value: Any, what: str) -> Any:
-        """Return ``value``, or raise a ValueError saying ``what`` the updater could not learn."""
+        """Return ``value``, or raise an :class:`~hat_ignite.errors.UnknownLengthError` (a
+        ``ValueError``, and an ``AssertionError`` as HAT's assert) saying ``what`` the updater could
+        not learn."""
         if value is None:
-            raise ValueError(
+            raise UnknownLengthError(
                 f"{type(self).__name__} needs {what}, which this run does not define: give the "
                 f"data_loader a length (len(data_loader)) and the loop num_epochs / num_steps, or "
                 f"set the updater's length arguments explicitly."
@@ -245,7 +248,10 @@ class LrUpdaterBase(CallbackMixin):
     def on_epoch_begin(self, optimizer: torch.optim.Optimizer, epoch_id: int, global_step_id: int,
                        **kwargs: Any) -> None:
         self._apply(optimizer, epoch_id, global_step_id)
-        self._log(optimizer, epoch_id, 0, global_step_id)
+        # the epoch's first step: 0, or the step a run resumed inside the epoch goes on from
+        first = getattr(getattr(kwargs.get("loop"), "state", None), "epoch_first_step", None)
+        step_id = global_step_id - first if isinstance(first, int) and 0 <= first <= global_step_id else 0
+        self._log(optimizer, epoch_id, step_id, global_step_id)
 
     def on_step_begin(self, optimizer: torch.optim.Optimizer, epoch_id: int, step_id: int,
                       global_step_id: int, **kwargs: Any) -> None:
@@ -305,6 +311,15 @@ class LrUpdaterBase(CallbackMixin):
         self._restored_base_lrs = [float(v) for v in base]
         if self._base_lrs is not None and len(self._base_lrs) == len(base):
             self._base_lrs = list(self._restored_base_lrs)
+
+    def rebase_from_optimizer(self) -> None:
+        """Forget the restored base values: take them from the optimizer's groups at loop begin.
+
+        A resume whose config changed the scheduled option (the lr) loads the config's value into
+        the groups' ``initial_<param_name>`` entries; the schedule then starts from it.
+        """
+        self._restored_base_lrs = None
+        self._base_lrs = None
 
     def __repr__(self) -> str:
         return (

@@ -21,6 +21,16 @@ Resuming: the metrics' accumulated state is saved in each training checkpoint
 (:meth:`MetricUpdater.state_dict`); a resumed run puts it back at loop begin, and the epoch it
 resumes inside is not reset at its begin, so its final values equal a straight run's.
 
+Steps whose update is dropped (``nonfinite_policy="skip"`` on the batch processor) contribute
+nothing: in such a training loop each batch's ``metric_update_func`` call waits until the loop
+knows whether its step's update was done (``loop.update_dropped``; at once without a fused
+optimizer, a step or more later with one, whose flag stays on the device until then), and is
+dropped with the update. Before a step's log or store, the epoch end, the loop end and a
+checkpoint (:meth:`MetricUpdater.state_dict`) the pending outcomes are read at once
+(``loop.settle_updates()``, a blocking read at those points only), so the values shown and saved
+hold every done step and no dropped one. The batches and model outputs of the waiting steps (one,
+or a few on an accelerator) are held until then.
+
 Storage layout: ``storage[storage_key]`` is a dict ``{metric name: value}`` (values are Python
 floats, or lists of floats for metrics with a vector value) holding the latest stored values.
 It is always written at the end of the run, so inside a validation run (one epoch) it ends up
@@ -31,6 +41,7 @@ into the training loop's storage, where a checkpoint callback can compare it acr
 from __future__ import annotations
 
 import logging
+from collections import deque
 from typing import Any, Callable, Sequence
 
 import ignite.distributed as idist
@@ -38,6 +49,7 @@ import ignite.distributed as idist
 from hat_ignite.callbacks.base import CallbackMixin
 from hat_ignite.engine.loop import build_if_config
 from hat_ignite.metrics.base import iter_metrics, metric_name_values, reset_metrics
+from hat_ignite.metrics.interop import foreign_metric_kind
 
 __all__ = ["MetricUpdater", "format_name_values"]
 
@@ -185,7 +197,12 @@ class MetricUpdater(CallbackMixin):
         self._dirty = False  # updated since the last reset
         self._last_pairs: list[tuple[str, Any]] | None = None  # latest values computed this run
         self._checked_metrics: Any = None  # the metrics object _metrics() last found non-empty
+        self._warned: set[str] = set()  # classes of unwrapped torchmetrics / Ignite metrics warned about
         self._restored: dict[str, Any] | None = None  # a checkpoint's state, applied at loop begin
+        # With a loop that may drop a step's update: that loop, and the updates waiting for it to
+        # say whether their step's update was done ((global_step_id, metrics, batch, model_outs)).
+        self._gate: Any = None
+        self._waiting: deque[tuple[int, Any, Any, Any]] = deque()
         #: The epoch id its epoch line shows instead of the loop's own: a ``Validation`` sets it to the
         #: training epoch it validates, so that line reads ``Validation Epoch[3]``, not ``Epoch[0]``.
         self.log_epoch_id: int | None = None
@@ -202,7 +219,28 @@ class MetricUpdater(CallbackMixin):
                 "the training loop's val_metrics)."
             )
         self._checked_metrics = metrics
+        self._warn_unwrapped(metrics)
         return metrics
+
+    def _warn_unwrapped(self, metrics: Any) -> None:
+        """Warn once per metric class about a torchmetrics or Ignite metric used without ``MetricAdapter``."""
+        for metric in iter_metrics(metrics):
+            kind = foreign_metric_kind(metric)
+            name = type(metric).__name__
+            if kind is None or name in self._warned or idist.get_rank() != 0:
+                continue
+            self._warned.add(name)
+            order = "update(preds, target)" if kind == "torchmetrics" else "update((y_pred, y))"
+            logger.warning(
+                "MetricUpdater: the %s metric %s is used unwrapped. It takes %s, while HAT's update "
+                "functions call metric.update(labels, preds): called so, it computes with the two "
+                "swapped, silently (with class ids as predictions, precision is reported as recall, "
+                "and a checkpoint's best follows it). Wrap it: MetricAdapter(%s(...), name=%r) "
+                "(hat_ignite.metrics.MetricAdapter; in a config dict(type=\"MetricAdapter\", "
+                "metric=dict(type=...), name=...)) takes HAT's order; an update function that "
+                "already passes the predictions first may wrap it too, to name it.",
+                kind, name, order, name, name.lower(),
+            )
 
     def _reset(self, train_metrics: Any) -> None:
         reset_metrics(self._metrics(train_metrics))
@@ -216,7 +254,9 @@ class MetricUpdater(CallbackMixin):
         if idist.get_rank() == 0:
             logger.info("%s%s %s", self.log_prefix, head, format_name_values(pairs))
 
-    def _store(self, storage: dict[str, Any], pairs: list[tuple[str, Any]]) -> None:
+    def _store(self, storage: dict[str, Any] | None, pairs: list[tuple[str, Any]]) -> None:
+        if storage is None:  # a hook called without storage (HAT's unit tests, a custom loop): logged only
+            return
         # a new dict each time (merged with what other updaters stored under the same key), so a
         # dict someone kept from an earlier store never changes under them
         stored = storage.get(self.storage_key)
@@ -243,7 +283,26 @@ class MetricUpdater(CallbackMixin):
         return [h for h in super().overridden_hooks() if not skip.get(h, False)]
 
     # -- hooks -----------------------------------------------------------------------------
+    def _release(self, settle: bool = False) -> None:
+        """Apply the waiting updates whose step's update was done, drop those of dropped ones."""
+        waiting, gate = self._waiting, self._gate
+        if not waiting or gate is None:
+            return
+        if settle:
+            gate.settle_updates()
+        while waiting:
+            dropped = gate.update_dropped(waiting[0][0])
+            if dropped is None:
+                return
+            _, metrics, batch, model_outs = waiting.popleft()
+            if not dropped:
+                self.metric_update_func(metrics, batch, model_outs)
+                self._dirty = True
+
     def on_loop_begin(self, train_metrics: Any = None, **kwargs: Any) -> None:
+        loop = kwargs.get("loop")
+        self._gate = loop if getattr(loop, "drops_updates", False) else None
+        self._waiting.clear()
         self._last_pairs = None
         restored, self._restored = self._restored, None
         self._reset(train_metrics)
@@ -252,26 +311,34 @@ class MetricUpdater(CallbackMixin):
 
     def on_epoch_begin(self, train_metrics: Any = None, loop: Any = None, **kwargs: Any) -> None:
         if self.reset_metrics_by == "epoch" and not _begins_part_way(loop):
+            self._waiting.clear()  # the epoch end read every outcome: nothing of the last epoch waits
             self._reset(train_metrics)
 
     def on_step_begin(self, train_metrics: Any = None, **kwargs: Any) -> None:
         if self.reset_metrics_by == "step":
+            self._waiting.clear()  # what the last step fed is reset unread
             self._reset(train_metrics)
 
     def on_batch_end(self, batch: Any = None, model_outs: Any = None, train_metrics: Any = None, **kwargs: Any) -> None:
         if self.filter_condition is not None and not self.filter_condition(batch):
             return
+        if self._gate is not None:  # the step's update may still be dropped: wait to know
+            step = self._gate.state.iteration - 1  # the running step's global_step_id
+            self._waiting.append((step, self._metrics(train_metrics), batch, model_outs))
+            self._release()
+            return
         self.metric_update_func(self._metrics(train_metrics), batch, model_outs)
         self._dirty = True
 
     def on_step_end(
-        self, epoch_id: int, step_id: int, global_step_id: int, storage: dict[str, Any],
+        self, epoch_id: int, step_id: int, global_step_id: int, storage: dict[str, Any] | None = None,
         train_metrics: Any = None, **kwargs: Any,
     ) -> None:
         log_now = self.step_log_freq > 0 and (step_id + 1) % self.step_log_freq == 0
         store_now = self.step_storage_freq > 0 and (global_step_id + 1) % self.step_storage_freq == 0
         if not (log_now or store_now):
             return
+        self._release(settle=True)
         metrics = self._metrics(train_metrics)
         pairs = self._values(metrics)
         if log_now:
@@ -281,7 +348,10 @@ class MetricUpdater(CallbackMixin):
         if log_now and self.reset_metrics_by == "log":
             self._reset(metrics)
 
-    def on_epoch_end(self, epoch_id: int, storage: dict[str, Any], train_metrics: Any = None, **kwargs: Any) -> None:
+    def on_epoch_end(
+        self, epoch_id: int, storage: dict[str, Any] | None = None, train_metrics: Any = None, **kwargs: Any,
+    ) -> None:
+        self._release(settle=True)
         log_now = (
             self.reset_metrics_by == "epoch" and self.epoch_log_freq > 0 and (epoch_id + 1) % self.epoch_log_freq == 0
         )
@@ -294,7 +364,8 @@ class MetricUpdater(CallbackMixin):
         if store_now:
             self._store(storage, pairs)
 
-    def on_loop_end(self, storage: dict[str, Any], train_metrics: Any = None, **kwargs: Any) -> None:
+    def on_loop_end(self, storage: dict[str, Any] | None = None, train_metrics: Any = None, **kwargs: Any) -> None:
+        self._release(settle=True)
         if self._dirty:
             self._store(storage, self._values(self._metrics(train_metrics)))
         elif self._last_pairs is not None:  # reset right after the last log: store what it showed
@@ -307,6 +378,7 @@ class MetricUpdater(CallbackMixin):
         ``{"metrics": [each metric's state_dict()], "dirty", "last_pairs"}``; ``metrics`` is
         ``None`` before the first update, or when a metric has no ``state_dict()``.
         """
+        self._release(settle=True)  # a checkpoint holds every done step's values, no dropped one's
         metrics = list(iter_metrics(self._checked_metrics))
         states = [m.state_dict() for m in metrics] if metrics and all(
             callable(getattr(m, "state_dict", None)) for m in metrics) else None

@@ -186,19 +186,23 @@ class StatsMonitor(CallbackMixin):
         self._pending = _Totals()  # steps not yet added to the three above (see _fold)
         self._epoch_start = 0.0
         self._prev_step_end = 0.0
+        self._planned_steps: int | None = None  # the run's length told by loop begin (for a loop without state)
 
     # -- figures ---------------------------------------------------------------------------
-    def _eta(self, loop: Any) -> float | None:
+    def _eta(self, loop: Any, steps_done: int) -> float | None:
+        """Seconds left: from the loop's state, or (called without ``loop``) from the run's length
+        that loop begin was told and the ``steps_done`` its caller counts."""
         state = getattr(loop, "state", None)
         if state is None:
-            return None
-        total = state.max_iters
-        if total is None and state.max_epochs is not None and state.epoch_length:
-            total = state.max_epochs * state.epoch_length
+            total, done = self._planned_steps, steps_done
+        else:
+            total, done = state.max_iters, state.iteration
+            if total is None and state.max_epochs is not None and state.epoch_length:
+                total = state.max_epochs * state.epoch_length
         mean_step = self._run.per_step(self._run.data + self._run.compute)
         if total is None or mean_step is None:
             return None
-        return max(total - state.iteration, 0) * mean_step
+        return max(total - done, 0) * mean_step
 
     def _fold(self) -> None:
         """Add the steps since the last fold to the run, epoch and interval sums.
@@ -211,7 +215,9 @@ class StatsMonitor(CallbackMixin):
                 totals.merge(pending)
             self._pending = _Totals()
 
-    def _store(self, storage: dict[str, Any], figures: dict[str, Any]) -> None:
+    def _store(self, storage: dict[str, Any] | None, figures: dict[str, Any]) -> None:
+        if storage is None:  # called without storage (HAT-style): the figures are only logged
+            return
         old = storage.get(STORAGE_KEY)
         storage[STORAGE_KEY] = {**(old if isinstance(old, dict) else {}), **figures}
 
@@ -226,9 +232,13 @@ class StatsMonitor(CallbackMixin):
         return handles
 
     # -- hooks -----------------------------------------------------------------------------
-    def on_loop_begin(self, loop: Any = None, profiler: Any = None, **kwargs: Any) -> None:
+    def on_loop_begin(
+        self, loop: Any = None, profiler: Any = None, num_epochs: int | None = None, num_steps: int | None = None,
+        data_loader: Any = None, **kwargs: Any,
+    ) -> None:
         if loop is not None:
             loop.step_clock = self._clock  # the engine reads each step's start (see the module doc)
+        self._planned_steps = _planned_steps(num_epochs, num_steps, data_loader)
         if self.log_profiler and not callable(getattr(profiler, "top_sections", None)):
             logger.warning(
                 "StatsMonitor(log_profiler=True): the loop's profiler (%s) keeps no running section times, so "
@@ -245,16 +255,25 @@ class StatsMonitor(CallbackMixin):
         self._epoch_start = self._prev_step_end = self._clock()
 
     def on_step_end(
-        self, loop: Any, epoch_id: int, step_id: int, global_step_id: int, storage: dict[str, Any],
-        batch: Any = None, optimizer: Any = None, **kwargs: Any,
+        self, loop: Any = None, epoch_id: int = 0, step_id: int = 0, global_step_id: int = 0,
+        storage: dict[str, Any] | None = None, batch: Any = None, optimizer: Any = None, **kwargs: Any,
     ) -> None:
+        """Time the step; every ``log_freq`` steps log the figures and store them in ``storage``.
+
+        Called without ``loop`` (HAT's hooks), the step's data time is not told apart, the ETA
+        comes from loop begin's ``num_epochs`` / ``num_steps`` and ``data_loader``, and, without
+        ``batch``, the samples per second from ``data_loader.batch_size``.
+        """
         now = self._clock()
         try:
             begin = loop.state.step_start_time
         except AttributeError:  # attached after the loop began: the engine reads starts from now on
-            loop.step_clock = self._clock
+            if loop is not None:
+                loop.step_clock = self._clock
             begin = self._prev_step_end
         samples = self.batch_size if self.batch_size is not None else infer_batch_size(batch)
+        if samples is None and batch is None:  # HAT's loop passes no batch here: its loader's batch size
+            samples = _loader_batch_size(kwargs.get("data_loader"))
         self._pending.add(begin - self._prev_step_end, now - begin, samples)
         self._prev_step_end = now
         if self.log_freq < 1 or (global_step_id + 1) % self.log_freq:
@@ -266,7 +285,7 @@ class StatsMonitor(CallbackMixin):
             "epoch_id": epoch_id, "step_id": step_id, "global_step_id": global_step_id,
             "data_time": span.per_step(span.data), "compute_time": span.per_step(span.compute),
             "step_time": span.per_step(span.data + span.compute), "samples_per_sec": span.samples_per_sec(),
-            "lr": _lr(optimizer), "eta_seconds": self._eta(loop),
+            "lr": _lr(optimizer), "eta_seconds": self._eta(loop, global_step_id + 1),
             "peak_memory_mib": peak_memory_mib(getattr(loop, "torch_device", None)),
         }
         top_sections = getattr(getattr(loop, "profiler", None), "top_sections", None) if self.log_profiler else None
@@ -279,7 +298,7 @@ class StatsMonitor(CallbackMixin):
                 "Epoch[%d] Step[%d] GlobalStep[%d] %s samples/sec, step %.4fs (data %.4fs, compute %.4fs), "
                 "lr=%s, eta %s, peak memory %s MiB",
                 epoch_id, step_id, global_step_id, "?" if speed is None else f"{speed:.1f}",
-                figures["step_time"], figures["data_time"], figures["compute_time"], figures["lr"],
+                figures["step_time"], figures["data_time"], figures["compute_time"], _fmt_lr(figures["lr"]),
                 _eta_text(figures["eta_seconds"]), _fmt_mib(figures["peak_memory_mib"]),
             )
             if "profiler_top" in figures:
@@ -287,8 +306,8 @@ class StatsMonitor(CallbackMixin):
                             "; ".join(f"{name} ({seconds:.3f}s)" for name, seconds in figures["profiler_top"]))
 
     def on_epoch_end(
-        self, loop: Any, epoch_id: int, global_step_id: int, storage: dict[str, Any], optimizer: Any = None,
-        **kwargs: Any,
+        self, loop: Any = None, epoch_id: int = 0, global_step_id: int = 0, storage: dict[str, Any] | None = None,
+        optimizer: Any = None, **kwargs: Any,
     ) -> None:
         self._fold()
         epoch = self._epoch
@@ -296,7 +315,7 @@ class StatsMonitor(CallbackMixin):
             "epoch_id": epoch_id, "global_step_id": global_step_id, "epoch_time": self._clock() - self._epoch_start,
             "epoch_steps": epoch.steps, "epoch_data_time": epoch.per_step(epoch.data),
             "epoch_compute_time": epoch.per_step(epoch.compute), "epoch_samples_per_sec": epoch.samples_per_sec(),
-            "lr": _lr(optimizer), "eta_seconds": self._eta(loop),
+            "lr": _lr(optimizer), "eta_seconds": self._eta(loop, global_step_id),
             "peak_memory_mib": peak_memory_mib(getattr(loop, "torch_device", None)),
         }
         self._store(storage, figures)
@@ -314,8 +333,28 @@ class StatsMonitor(CallbackMixin):
         return f"StatsMonitor(log_freq={self.log_freq}, batch_size={self.batch_size}, log_profiler={self.log_profiler})"
 
 
+def _planned_steps(num_epochs: int | None, num_steps: int | None, data_loader: Any) -> int | None:
+    """The run's steps from loop begin's keywords: ``num_steps``, else ``num_epochs`` times the loader's length."""
+    if num_steps:
+        return int(num_steps)
+    try:
+        return int(num_epochs) * len(data_loader) if num_epochs else None
+    except TypeError:  # a loader without a length
+        return None
+
+
+def _loader_batch_size(data_loader: Any) -> int | None:
+    size = getattr(data_loader, "batch_size", None)
+    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
+
+
 def _fmt_s(seconds: float | None) -> str:
     return "?" if seconds is None else f"{seconds:.4f}"
+
+
+def _fmt_lr(lr: float | None) -> str:
+    """An lr as the LR updaters log it: 6 significant digits (``0.018``, not ``0.018000000000000002``)."""
+    return "?" if lr is None else f"{lr:.6g}"
 
 
 def _fmt_mib(mib: float | None) -> str:

@@ -89,3 +89,6 @@ def prepare_save_dir(save_dir: str, overwrite: bool, resume_step: int | None, st
     elif overwrite:
         for old in old_files:
             os.remove(old)
+        if old_files:
+            logger.info("TensorBoard(overwrite=True): removed %d event file(s) of an earlier run from %s.",
+                        len(old_files), save_dir)

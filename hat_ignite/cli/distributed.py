@@ -110,7 +110,8 @@ def device_ids_of(cfg: Any, given: list[int] | None, nproc: int | None, cuda_ava
     if not ids:
         return None
     if not cuda_available:
-        logger.warning("%s: device_ids=%s ignored: no CUDA device here, running on the CPU", cfg.filename, value)
+        if not _Worker.launched:  # the command's first process said it already
+            logger.warning("%s: device_ids=%s ignored: no CUDA device here, running on the CPU", cfg.filename, value)
         return None
     return list(ids)
 

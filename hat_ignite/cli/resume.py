@@ -8,8 +8,8 @@ sets them. A run that is already finished (its checkpoint is at the end of the s
 asks for, and ``metrics.json`` records that end) is left alone: ``hat-train`` says so, changes no
 file and exits 0 (see :func:`finished_run`).
 
-Signals: the handler only asks the trainer to stop (``request_stop``). The trainer finishes the
-running step, the ``Checkpoint`` callback writes a resumable checkpoint (a step file, and
+Signals: the handler only asks the trainer to stop (``request_stop``); a trainer waiting for a
+batch stops waiting at once (``interrupt_data_wait``). The trainer finishes the running step, the ``Checkpoint`` callback writes a resumable checkpoint (a step file, and
 ``last`` pointing at it), and ``hat-train`` exits with 128 + the signal number (143 for SIGTERM,
 130 for SIGINT) after printing the command that resumes. A second signal exits at once.
 """
@@ -58,6 +58,46 @@ def _checkpoint_dirs(trainer: Any, work_path: str) -> list[tuple[str, str]]:
     return dirs or [(os.path.join(work_path, "checkpoints"), "")]
 
 
+def previous_run_note(trainer: Any, work_path: str, stage: str, argv: Sequence[str]) -> str | None:
+    """What a fresh run (no ``--resume``) is about to replace in ``work_path``, or ``None`` when nothing.
+
+    An earlier run of ``stage`` left its log (``{stage}_train.log``), its ``metrics.json`` entry
+    (``{stage}_train``) or checkpoints of the trainer's ``Checkpoint`` callbacks there; a fresh run
+    writes the same checkpoint names, the same entry and curves again, and a
+    ``TensorBoard(overwrite=True)`` removes the stage's event files. The note says so, and how to
+    continue that run (``--resume``) or keep it (another ``--work-dir``).
+    """
+    found: list[str] = []
+    log = os.path.join(work_path, f"{stage}_train.log")
+    if os.path.isfile(log):
+        found.append(os.path.basename(log))
+    try:
+        with open_regular(os.path.join(work_path, "metrics.json")) as f:
+            if f"{stage}_train" in json.load(f):
+                found.append(f"metrics.json ({stage}_train)")
+    except (OSError, ValueError, TypeError):
+        pass
+    checkpoints = 0
+    for save_dir, prefix in _checkpoint_dirs(trainer, work_path):
+        if prefix and os.path.isdir(save_dir):  # without a prefix, other stages' files may be there too
+            checkpoints += sum(1 for name in os.listdir(save_dir) if name.startswith(prefix) and ".pth" in name)
+    if checkpoints:
+        found.append(f"{checkpoints} checkpoint file(s)")
+    if not found:
+        return None
+    overwrites = [
+        os.path.abspath(cb.save_dir) for cb in getattr(trainer, "callbacks", [])
+        if type(cb).__name__ == "TensorBoard" and getattr(cb, "overwrite", False) is True
+        and isinstance(getattr(cb, "save_dir", None), str)
+    ]
+    history = f", TensorBoard(overwrite=True) removes its event files in {', '.join(overwrites)}" if overwrites else ""
+    return (
+        f"{work_path} holds an earlier {stage} run ({', '.join(found)}). This run starts afresh: it "
+        f"replaces that run's checkpoints, metrics.json entry and curves{history}, and appends to its "
+        f"log. To continue that run instead: {resume_command(argv)}; to keep it, give another --work-dir."
+    )
+
+
 class _Resume:
     """Restores a loaded checkpoint into the loop when ``fit()`` starts (``loop.schedule_resume``)."""
 
@@ -98,11 +138,13 @@ def finished_run(trainer: Any, checkpoint: Mapping[str, Any], stage_cfg: Mapping
     """Why resuming from ``checkpoint`` has nothing left to do, or ``None`` when it has.
 
     A run is finished when the checkpoint continues its progress (``resume_epoch_or_step`` is not
-    turned off in the config), was taken after the last step of the schedule the trainer has now
-    (``num_epochs`` epochs of the data loader, or ``num_steps`` steps) with every epoch-end hook
-    run, and ``metrics.json`` in the work dir records that end for the stage (written after the
-    last step, not after a stop on a signal). A longer schedule given on the command line
-    (``--opts float_trainer.num_epochs=30``) is not finished and resumes as usual.
+    turned off in the config), was taken exactly at the end of the schedule the trainer has now
+    (``num_epochs`` epochs of the data loader, with the steps per epoch it was written with, or
+    ``num_steps`` steps) with every epoch-end hook run, and ``metrics.json`` in the work dir
+    records that end for the stage (written after the last step, not after a stop on a signal).
+    A longer schedule given on the command line (``--opts float_trainer.num_epochs=30``) is not
+    finished and resumes as usual; a shorter one, or another batch size, is refused by the resume
+    (:mod:`hat_ignite.callbacks.checkpoint_progress`).
     """
     if stage_cfg.get("resume_epoch_or_step", True) is False:
         return None
@@ -117,13 +159,16 @@ def finished_run(trainer: Any, checkpoint: Mapping[str, Any], stage_cfg: Mapping
             length = len(trainer.data_loader)
         except TypeError:
             return None
+        saved_length = progress.get("epoch_length")
+        if saved_length and int(saved_length) != length:
+            return None  # another batch size: the resume refuses it, naming both
         total = int(trainer.num_epochs or 0) * length
         schedule = f"{trainer.num_epochs} epochs of {length} steps"
     else:
         total = int(trainer.num_steps or 0)
         schedule = f"{total} steps"
-    if iteration < total:
-        return None
+    if iteration != total:
+        return None  # not at the end; past it, the resume refuses (the config asks for a shorter run)
     path = os.path.join(work_path, "metrics.json")
     try:
         with open_regular(path) as f:
@@ -235,9 +280,15 @@ def install_stop_signals(trainer: Any) -> tuple[list[int], Callable[[], None]]:
                     else "after the run ended" if live is None else "without saving")
             os.write(2, f"hat-train: {'second ' if received else ''}{signal.Signals(signum).name}: "
                         f"exiting now {done}\n".encode())
+            _end_worker_processes()
             os._exit(128 + signum)
         received.append(signum)
         live.request_stop(f"received {signal.Signals(signum).name}", code=signum)
+        # a loop waiting for a batch (a slow or stuck data loader) stops now: this raises inside
+        # that wait, and the loop writes the checkpoint of its last finished step
+        interrupt = getattr(live, "interrupt_data_wait", None)
+        if interrupt is not None:
+            interrupt()
 
     previous = {sig: signal.signal(sig, on_signal) for sig in _SIGNALS}
 
@@ -246,6 +297,22 @@ def install_stop_signals(trainer: Any) -> tuple[list[int], Callable[[], None]]:
             signal.signal(sig, handler)
 
     return received, restore
+
+
+def _end_worker_processes() -> None:
+    """Terminate this process's daemonic children (data-loader workers) before ``os._exit``.
+
+    ``os._exit`` skips the exit hook that ends them; a worker stuck in a dataset would otherwise
+    outlive the run.
+    """
+    import multiprocessing
+
+    for child in multiprocessing.active_children():
+        if child.daemon:
+            try:
+                child.terminate()
+            except OSError:
+                pass
 
 
 def stop_report(trainer: Any, signum: int, argv: Sequence[str], work_path: str) -> int:

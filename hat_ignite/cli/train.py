@@ -11,7 +11,10 @@ the ``Checkpoint`` callback writes a resumable checkpoint, ``metrics.json`` is w
 ``"stopped_by_signal": true``, the log names the command that resumes, and the exit code is 143
 (SIGTERM) or 130 (SIGINT); a second signal exits at once. In a multi-process run the signal may
 reach every process, one rank, or only the launching process: all ranks stop after the same
-step and the job exits the same way (see :mod:`hat_ignite.cli.distributed`).
+step and the job exits the same way (see :mod:`hat_ignite.cli.distributed`). A signal that arrives
+while a single-process run waits for its next batch ends that wait at once (the checkpoint is of
+the last finished step), and a batch that has not come for ``--data-wait-limit`` seconds is
+reported (see :mod:`hat_ignite.engine.data_wait`).
 
 Only one run at a time writes into a work dir: rank 0 takes the work dir's lock before writing
 anything into it, and a second run into a busy work dir exits at once naming the other run's
@@ -66,6 +69,7 @@ from hat_ignite.cli.resume import (
     find_resume,
     finished_run,
     install_stop_signals,
+    previous_run_note,
     stop_report,
 )
 from hat_ignite.cli.stages import check_stage_inputs, record_lineage
@@ -170,6 +174,14 @@ def _train(argv: Sequence[str]) -> int:
         "--dry-run", action="store_true",
         help="build everything, print the engine and its handlers by event, and exit without training",
     )
+    from hat_ignite.engine.data_wait import DEFAULT_DATA_WAIT_LIMIT
+
+    parser.add_argument(
+        "--data-wait-limit", type=float, default=None, metavar="SECONDS",
+        help=f"report a data loader that has not delivered the next batch for this many seconds (a warning "
+             f"naming the wait and the loader's settings, repeated every further limit; default "
+             f"{DEFAULT_DATA_WAIT_LIMIT:g}; 0 turns the check off)",
+    )
     add_distributed_arguments(parser)
     add_resume_argument(parser)
     args = parse_arguments(parser, argv)
@@ -207,13 +219,18 @@ def _train(argv: Sequence[str]) -> int:
                     "resume with a larger num_epochs/num_steps in --opts.", work_path, finished, found[0])
         return 0
     main_process = is_main_process()  # rank 0 writes files and shows progress; every rank trains
+    rerun = previous_run_note(trainer, work_path, args.stage, argv) if main_process and not args.resume else None
     work_dir.create(lock_command=command_line("hat-train", argv) if main_process else None)
     attach_log_file(work_dir.file(f"{args.stage}_train.log"))
+    if rerun:
+        logger.warning(rerun)
     if main_process:
         dump_config(cfg, work_dir.file(f"{args.stage}_train_config.py"))
     logger.info("config %s, stage %s, work dir %s", cfg.filename, stage_key, work_path)
     label_stage(trainer, args.stage)  # stages sharing a TensorBoard directory keep their own histories
     bar = _attach_progress(trainer) if main_process else None
+    if args.data_wait_limit is not None:
+        trainer.data_wait_limit = args.data_wait_limit
     if args.resume:
         apply_resume(trainer, args.resume, cfg[stage_key], work_path, found=found)
     received, restore_signals = install_stop_signals(trainer)

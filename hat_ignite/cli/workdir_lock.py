@@ -8,6 +8,13 @@ dies); the file names the holder's process id, host and command, so a refused ru
 holds it. A lock file left by a process that is gone (same host, no such process) is taken over
 with a warning. In a multi-process run rank 0 takes the lock for the whole job.
 
+A lock is never held by a child process. ``flock`` belongs to the open file, which a ``fork``
+shares with the child (close-on-exec only acts on ``exec``, and data-loader workers are forked
+without one): a worker stuck in a dataset that outlived its run would keep the work dir locked,
+and the next run would be refused naming the dead main process. So every child closes its copy
+of the lock's file descriptor right after the fork (``os.register_at_fork``); subprocesses
+started with ``exec`` get it closed by close-on-exec.
+
 >>> import tempfile
 >>> work = tempfile.mkdtemp()
 >>> lock = WorkDirLock(work, "hat-train cfg.py")
@@ -28,6 +35,7 @@ import os
 import socket
 import stat
 import time
+import weakref
 from typing import Any
 
 from hat_ignite.errors import HatIgniteError
@@ -79,6 +87,29 @@ def _describe(holder: dict[str, Any]) -> str:
     return f"process {holder.get('pid')} on host {holder.get('host')} ({holder.get('command') or '?'}{when})"
 
 
+_OPEN_LOCKS: weakref.WeakSet[WorkDirLock] = weakref.WeakSet()  # locks holding a descriptor in this process
+_FORK_HOOK: list[bool] = []  # whether the after-fork hook is registered
+
+
+def _close_in_child() -> None:
+    """After a fork, in the child: close the inherited lock descriptors (the parent keeps its lock)."""
+    for lock in list(_OPEN_LOCKS):
+        fd, lock._fd = lock._fd, None
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    _OPEN_LOCKS.clear()
+
+
+def _track(lock: WorkDirLock) -> None:
+    if not _FORK_HOOK and hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=_close_in_child)
+        _FORK_HOOK.append(True)
+    _OPEN_LOCKS.add(lock)
+
+
 class WorkDirLock:
     """The exclusive lock of one work dir, held by one run.
 
@@ -126,6 +157,7 @@ class WorkDirLock:
                 os.close(fd)
                 raise
             self._fd = fd
+            _track(self)
             return
         raise WorkDirBusyError(f"could not take the work dir lock {self.path}: it keeps being replaced.")
 
@@ -174,6 +206,11 @@ class WorkDirLock:
         if other_host:
             how = (f"If that run is over, delete {self.path} (a process on another host cannot be checked "
                    f"from here); otherwise pass another --work-dir.")
+        elif isinstance(holder.get("pid"), int) and holder.get("host") == socket.gethostname() and not _alive(holder["pid"]):
+            how = (f"That process is gone, yet another process still holds the lock: one it started that "
+                   f"inherited the lock (a version of hat-ignite before the lock was closed in child processes "
+                   f"let data-loader workers keep it). `fuser -v {self.path}` names it; end it, or pass "
+                   f"another --work-dir.")
         else:
             how = "Wait for it to finish, stop it, or pass another --work-dir."
         return WorkDirBusyError(

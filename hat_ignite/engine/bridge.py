@@ -7,7 +7,8 @@ each before any other handler of its Ignite event:
 =============================  =======================================================
 Ignite event                   HAT events fired
 =============================  =======================================================
-``STARTED``                    ``LOOP_BEGIN`` (after the model mode is set)
+``STARTED``                    ``LOOP_BEGIN`` (after the model mode is set and the attached
+                               Ignite handlers are adopted: ``ignite_handlers.py``)
 ``EPOCH_STARTED``              ``EPOCH_BEGIN`` (after ``sampler.set_epoch``; a trainer's
                                model modes are noted after it)
 ``ITERATION_STARTED``          ``STEP_BEGIN`` (registered once ``STEP_BEGIN`` has a handler)
@@ -30,6 +31,7 @@ import torch
 
 from hat_ignite.engine.dispatch import fire_hat_event
 from hat_ignite.engine.events import HatEvents
+from hat_ignite.engine.ignite_handlers import adopt_ignite_handlers
 from hat_ignite.engine.processors.nonfinite import in_distributed_run
 from hat_ignite.engine.state import EventStorage
 from hat_ignite.errors import DataError
@@ -71,6 +73,7 @@ def on_started(engine: LoopBase) -> None:
     engine.state.hat_batch_count = 0
     engine.state.epoch_open = False
     engine.set_model_mode()
+    adopt_ignite_handlers(engine)
     engine.fire_event(HatEvents.LOOP_BEGIN)
     engine._after_loop_begin(close_epoch)
 
@@ -108,8 +111,9 @@ def run_step(engine: LoopBase, batch: Any) -> Any:
     handler left it in ``eval()``) is put back first, as Ignite's own trainer sets ``train()``
     each step; the check reads one flag.
 
-    Ignite stores the returned model outputs as ``engine.state.output``; they are stored there
-    before ``STEP_END`` too, for its hooks' ``model_outs``.
+    Ignite stores the returned value as ``engine.state.output``: the model outputs, or what the
+    loop's ``state_output`` makes of them; the model outputs are stored there before
+    ``STEP_END`` too, for its hooks' ``model_outs``.
     """
     clock = engine.step_clock
     if clock is not None:
@@ -123,7 +127,8 @@ def run_step(engine: LoopBase, batch: Any) -> Any:
         fire_hat_event(engine, HatEvents.STEP_END)
     if engine.stop_requested is not None or engine._stop_vote is not None:  # several processes vote each step
         engine._stop_if_requested()
-    return output
+    transform = engine.output_function  # state_output=: what Ignite handlers find in state.output
+    return output if transform is None else transform(output)
 
 
 def empty_loader_error(engine: LoopBase) -> DataError:
@@ -146,6 +151,8 @@ def close_epoch(engine: LoopBase) -> None:
 
 
 def on_completed(engine: LoopBase) -> None:
+    if engine._data_wait is not None:
+        engine._data_wait.stop()  # the data-loader watchdog: no batch is awaited any more
     if engine._stop_vote is not None:
         engine._stop_vote.close()  # the last step's vote: no step is left to act on it
     if engine.state.epoch_open and engine.stopped_by is None:  # a step limit or terminate() stopped it partway

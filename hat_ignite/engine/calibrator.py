@@ -143,5 +143,10 @@ class Calibrator(LoopBase):
                 f"float checkpoint)."
             )
 
+    #: A stopped calibration resumes at the batch it stopped at, with the generators of that
+    #: point (its checkpoints hold the data position): the observers see the same batches, in
+    #: the same order, as in a straight run.
+    keeps_data_position = True
+
     def set_model_mode(self) -> None:
         self.model.eval()

@@ -167,6 +167,14 @@ class DistributedDataParallelTrainer(Trainer):
         self.sync_bn = bool(sync_bn)
         self.sync_bn_by_host = bool(sync_bn_by_host)
         self.find_unused_parameters = bool(find_unused_parameters)
+        if self.find_unused_parameters and rank == 0:
+            logger.info(
+                "DistributedDataParallel runs with find_unused_parameters=True (HAT's default: a step may "
+                "leave parameters without gradients, as a multitask step without some task or a frozen "
+                "module does). torch warns once per process when a step used every parameter; a model that "
+                "uses all of its parameters in every step trains faster with find_unused_parameters=False "
+                "(e.g. --opts float_trainer.find_unused_parameters=False)."
+            )
         self.assign_module_buffers = bool(assign_module_buffers)
         names = [convert_submodule_list] if isinstance(convert_submodule_list, str) else convert_submodule_list
         self.convert_submodule_list = list(names or [])

@@ -1,29 +1,29 @@
-"""Attaching HAT hooks to an engine's events.
+"""Attaching HAT hooks to an engine's events, and calling them.
 
 Which methods are hooks: every method named like one of the 13 hooks of
 :data:`~hat_ignite.engine.events.HOOK_EVENTS` whose body does something. A method whose body is
-empty (``pass``, ``...``, only a docstring) is a no-op, as HAT's ``CallbackMixin`` base hooks
-are: it is not attached, so a hook nobody implements costs nothing per step
-(:func:`is_noop`). Any other method whose name starts with ``on_`` (``on_step_ends``) is an error
-at attach time, naming the hooks that exist: a misspelled hook is never silently not called.
-Objects with no ``attach`` method (HAT callbacks, which subclass HAT's own ``CallbackMixin``, or
-any plain class) are attached by :func:`attach_hat_callback`.
+only ``pass``, ``...`` or a docstring is a no-op, as HAT's ``CallbackMixin`` base hooks are: it is
+not attached, so a hook nobody implements costs nothing per step (:func:`is_noop`). Any other
+method whose name starts with ``on_`` (``on_step_ends``) is an error at attach time, naming the
+hooks that exist: a misspelled hook is never silently not called. Objects with no ``attach``
+method (HAT callbacks, which subclass HAT's own ``CallbackMixin``, or any plain class) are
+attached by :func:`attach_hat_callback`.
 
-Each hook method becomes one Ignite handler on the matching :class:`HatEvents` event, in the order
-callbacks are attached (config-list order), so HAT callbacks and Ignite handlers interleave
-exactly as registered, and Ignite's tools (``has_event_handler``, ``HandlersTimeProfiler``) see
-every callback by name. The hook's signature is checked once, when attached: a keyword the hook
-never passes is an error, and a method without ``**kwargs`` receives only the names it declares.
-A method whose ``**kwargs`` is only read by constant key (``kwargs["epoch_id"]``,
-``kwargs.get("batch")``) or not at all receives only those keys (see
-:mod:`hat_ignite.engine.kwargs_use`); any other ``**kwargs`` hook gets the full HAT keyword dict.
+Each hook method becomes one Ignite handler (a :class:`HookCall`) on the matching
+:class:`HatEvents` event, in the order callbacks are attached (config-list order), so HAT
+callbacks and Ignite handlers interleave exactly as registered, and Ignite's tools
+(``has_event_handler``, ``HandlersTimeProfiler``) see every callback by name. The hook's signature
+is checked once, when attached (:func:`check_hook_signature`): a keyword the hook never passes is an
+error. A method taking ``**kwargs`` is passed every keyword of its hook; one without ``**kwargs``
+only the names it declares.
 """
 
 from __future__ import annotations
 
+import ast
 import difflib
-import dis
 import inspect
+import textwrap
 import weakref
 from types import FunctionType, MethodType
 from typing import TYPE_CHECKING, Any, Callable, Mapping
@@ -31,8 +31,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 from ignite.engine.events import RemovableEventHandle
 
 from hat_ignite.engine.events import HOOK_EVENTS
-from hat_ignite.engine.kwargs_use import keywords_read
-from hat_ignite.engine.state import accepted_kwargs, keyword_caller, kwargs_builder
+from hat_ignite.engine.state import accepted_kwargs
 from hat_ignite.errors import CallbackSignatureError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -44,20 +43,41 @@ __all__ = [
 ]
 
 
-_FULL_BUILDERS = {hook: kwargs_builder(hook) for hook in HOOK_EVENTS}
-# hook name by ``event.hat_index``: a tuple index, where a dict keyed by the event would pay its
-# Python-level ``__hash__`` at every firing
-_HOOK_BY_INDEX = tuple(sorted(HOOK_EVENTS, key=lambda hook: HOOK_EVENTS[hook].hat_index))
+def _is_empty_statement(node: ast.stmt) -> bool:
+    """``pass``, ``...``, a docstring, ``return`` or ``return None``: a statement that does nothing."""
+    if isinstance(node, ast.Pass):
+        return True
+    if isinstance(node, ast.Expr):
+        return isinstance(node.value, ast.Constant)
+    return isinstance(node, ast.Return) and (node.value is None or isinstance(node.value, ast.Constant)
+                                             and node.value.value is None)
 
 
-_NOOP_SKIP = frozenset({"RESUME", "NOP", "CACHE", "EXTENDED_ARG"})
+def _body_is_empty(func: FunctionType) -> bool:
+    """Whether the source of ``func`` is a ``def`` whose body is only empty statements."""
+    if func.__code__.co_names:  # it reads an attribute, a global or calls a method: it does something
+        return False
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(func)))
+    except (OSError, TypeError, SyntaxError):  # no source to read (made at run time): not known empty
+        return False
+    node = tree.body[0] if tree.body else None
+    return (
+        isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == func.__name__
+        and not node.decorator_list and all(_is_empty_statement(stmt) for stmt in node.body)
+    )
+
+
+#: :func:`_body_is_empty` of each function seen, forgotten with the function.
+_EMPTY_BODIES: weakref.WeakKeyDictionary[FunctionType, bool] = weakref.WeakKeyDictionary()
 
 
 def is_noop(method: Any) -> bool:
-    """Whether calling ``method`` does nothing: its body is ``pass``, ``...`` or only a docstring.
+    """Whether calling ``method`` does nothing: its body is only ``pass``, ``...``, a docstring or ``return None``.
 
-    Decorated functions, builtins and callables other than plain Python functions are never
-    no-ops (what they do cannot be read from their code).
+    Read from the function's source, once per function. Decorated and wrapped functions,
+    builtins, functions whose source cannot be read, and callables other than plain Python
+    functions are never no-ops: they are attached and called.
 
     >>> class Base:
     ...     def on_step_end(self, **kwargs):
@@ -72,11 +92,12 @@ def is_noop(method: Any) -> bool:
     False
     """
     func = method.__func__ if isinstance(method, MethodType) else method
-    if not isinstance(func, FunctionType):
+    if not isinstance(func, FunctionType) or hasattr(func, "__wrapped__"):
         return False
-    code = func.__code__
-    ops = [(ins.opname, ins.argval) for ins in dis.get_instructions(code) if ins.opname not in _NOOP_SKIP]
-    return ops in ([("RETURN_CONST", None)], [("LOAD_CONST", None), ("RETURN_VALUE", None)])
+    empty = _EMPTY_BODIES.get(func)
+    if empty is None:
+        empty = _EMPTY_BODIES[func] = _body_is_empty(func)
+    return empty
 
 
 def check_hook_names(owner: Any) -> None:
@@ -121,9 +142,8 @@ def check_hook_signature(owner: Any, hook: str, method: Callable) -> frozenset[s
         method: the bound hook method.
 
     Returns:
-        ``None`` when the method needs every keyword (it takes ``**kwargs`` and uses it other
-        than by reading constant keys), else the set of names to pass it: the parameters it
-        declares plus the keys it reads from its ``**kwargs``.
+        ``None`` when the method takes ``**kwargs`` (it is passed every keyword of the hook),
+        else the names to pass it: the parameters it declares that the hook passes.
 
     Raises:
         CallbackSignatureError: the method needs a keyword the hook never passes (a parameter
@@ -134,10 +154,9 @@ def check_hook_signature(owner: Any, hook: str, method: Callable) -> frozenset[s
         raise CallbackSignatureError(f"{hook!r} is not a HAT hook; the hooks are {', '.join(HOOK_EVENTS)}.")
     available = accepted_kwargs(hook)
     name = f"{type(owner).__name__}.{hook}"
-    params = inspect.signature(method).parameters.values()
     takes_var_kw = False
     wanted = set()
-    for p in params:
+    for p in inspect.signature(method).parameters.values():
         if p.kind is p.VAR_KEYWORD:
             takes_var_kw = True
         elif p.kind is p.VAR_POSITIONAL:
@@ -157,84 +176,71 @@ def check_hook_signature(owner: Any, hook: str, method: Callable) -> frozenset[s
                     f"it from **kwargs."
                 )
             wanted.add(p.name)
-    if takes_var_kw:
-        read = keywords_read(method)
-        if read is None:
-            return None
-        wanted.update(read & available)  # a key the hook never passes stays absent, as in the full dict
-    return frozenset(wanted)
+    return None if takes_var_kw else frozenset(wanted)
 
 
 class HookCall:
     """The Ignite handler that calls one HAT hook with its keywords.
 
     Holds the bound method (never the engine: Ignite passes the engine at each call), so
-    attaching a callback creates no reference cycle. A hook needing the full ``**kwargs`` gets
-    the firing's shared keyword dict (built once per firing, by the first such hook); a hook
-    needing some keywords (or none) is called by a caller made once, at attach time, that writes
-    just those keywords out (:func:`~hat_ignite.engine.state.keyword_caller`).
+    attaching a callback creates no reference cycle. The keywords are those of the event being
+    fired (:meth:`~hat_ignite.engine.loop.LoopBase.hook_kwargs`: built once per firing and shared
+    by the event's hooks, as HAT's loop builds them once for all its callbacks); a hook taking
+    ``**kwargs`` is passed all of them, a hook naming its keywords just those.
+
+    Args:
+        hook: the HAT hook name, e.g. ``"on_step_end"``.
+        method: the bound hook method.
+        names: the keywords to pass (see :func:`check_hook_signature`); ``None`` for all.
     """
 
-    def __init__(self, hook: str, method: Callable, only: frozenset[str] | None) -> None:
+    def __init__(self, hook: str, method: Callable, names: frozenset[str] | None) -> None:
         self.hook = hook
         self.method = method
-        self.only = only
-        #: ``caller(method, engine)``, or ``None`` for a hook that gets the full keyword dict.
-        self.call = None if only is None else keyword_caller(hook, tuple(sorted(only)))
+        self.names = None if names is None else tuple(sorted(names))
         owner = getattr(method, "__self__", None)
         self.__name__ = hook
         self.__qualname__ = f"{type(owner).__name__}.{hook}" if owner is not None else hook
 
     def __call__(self, engine: LoopBase) -> None:
-        if self.call is None:
-            self.method(**engine.hook_kwargs(self.hook))
+        kwargs = engine.hook_kwargs(self.hook)
+        if self.names is None:
+            self.method(**kwargs)
         else:
-            self.call(self.method, engine)
+            self.method(**{name: kwargs[name] for name in self.names})
 
     def __repr__(self) -> str:
         return f"<HookCall {self.__qualname__}>"
 
 
 def fire_hat_event(engine: LoopBase, event: Any) -> None:
-    """Call the handlers of a HAT event, in registration order; return at once if none.
+    """Call the handlers of a HAT event, in registration order, as Ignite calls handlers.
 
-    The handlers are read from the engine's registry (``engine.hat_handlers`` holds the lists of
-    Ignite's ``_event_handlers`` for the thirteen events, by ``event.hat_index``, so finding that an
-    event has no handler costs no hashing of the event), so Ignite's ``add_event_handler``,
-    ``remove_event_handler``, event filters and profilers that wrap handlers all keep working.
-    A HAT hook is called directly; any other handler as Ignite calls it (with the engine first
-    when it was registered taking one). Unlike ``Engine.fire_event`` this skips Ignite's check
-    of the event against the registered list (a HAT event always is registered) and its
-    per-call debug message, which together cost more than a trivial handler.
+    The handlers are Ignite's own list for the event (``engine.hat_handlers``, by
+    ``event.hat_index``), so ``add_event_handler``, ``remove_event_handler``, event filters and
+    profilers that wrap handlers all keep working; an event nobody listens to costs one list
+    index. A handler registered taking the engine is passed it, as Ignite does. Ignite's own
+    ``Engine.fire_event`` is not used for HAT events: its check of the event against the
+    registered events scans a list with a Python-level ``==`` and costs ≈ 5 µs a firing, more
+    than all the hooks of a typical event (``docs/benchmarks.md``).
+
+    The hooks' keywords are built for this firing when the first ``**kwargs`` hook asks for them
+    (:meth:`~hat_ignite.engine.loop.LoopBase.hook_kwargs`), and forgotten when it ends.
     """
-    index = event.hat_index
-    handlers = engine.hat_handlers[index]
+    handlers = engine.hat_handlers[event.hat_index]
     if not handlers:
         return
     engine.last_event_name = event
-    hook = _HOOK_BY_INDEX[index]
-    outer = engine._kwargs_cache
-    cache: dict[str, dict[str, Any]]
-    engine._kwargs_cache = cache = {}  # this firing's keywords, shared by its **kwargs hooks
-    shared = None
+    outer = engine.firing_kwargs
+    engine.firing_kwargs = {}  # this firing's keywords, by hook (an event fired inside a hook has its own)
     try:
         for func, args, kwargs in handlers:
-            if func.__class__ is HookCall:  # inlined HookCall.__call__
-                call = func.call
-                if call is not None:
-                    call(func.method, engine)
-                else:
-                    if shared is None:
-                        shared = cache.get(hook)
-                        if shared is None:
-                            shared = cache[hook] = _FULL_BUILDERS[hook](engine)
-                    func.method(**shared)
-            elif args and args[0].__class__ is weakref.ref:
+            if args and isinstance(args[0], weakref.ref):  # registered taking the engine
                 func(engine, *args[1:], **kwargs)
             else:
                 func(*args, **kwargs)
     finally:
-        engine._kwargs_cache = outer
+        engine.firing_kwargs = outer
 
 
 def attach_hooks(engine: LoopBase, owner: Any, methods: Mapping[str, Callable]) -> list[RemovableEventHandle]:

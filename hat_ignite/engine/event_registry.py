@@ -3,15 +3,14 @@
 :class:`~hat_ignite.engine.loop.LoopBase` takes its event handling from here: it registers
 :class:`~hat_ignite.engine.events.HatEvents` with Ignite, keeps ``hat_handlers`` (the registry's
 own handler lists of the thirteen events, by ``event.hat_index``) in step with Ignite's
-``add_event_handler`` / ``remove_event_handler``, fires HAT events through
-:func:`~hat_ignite.engine.dispatch.fire_hat_event` and Ignite's own events as Ignite does, minus
-Ignite's per-event debug formatting when nothing logs it (the one private Ignite method replaced).
+``add_event_handler`` / ``remove_event_handler``, and fires HAT events through
+:func:`~hat_ignite.engine.dispatch.fire_hat_event`. Ignite's own events are fired by Ignite, as
+in any ``Engine``: no private Ignite method is replaced.
 """
 
 from __future__ import annotations
 
 import logging
-import weakref
 from typing import TYPE_CHECKING, Any, Callable
 
 from ignite.engine import Engine, Events
@@ -19,7 +18,7 @@ from ignite.engine import Engine, Events
 from hat_ignite.engine.bridge import on_iteration_started
 from hat_ignite.engine.dispatch import fire_hat_event
 from hat_ignite.engine.events import EVENT_COUNTERS, HatEvents
-from hat_ignite.engine.state import kwargs_builder
+from hat_ignite.engine.state import hook_kwargs
 
 if TYPE_CHECKING:  # pragma: no cover
     from hat_ignite.engine.loop import LoopBase
@@ -79,7 +78,7 @@ class HatEventsMixin(_EngineBase):
     logger: logging.Logger
     state: Any
     last_event_name: Any
-    _kwargs_cache: dict[str, dict[str, Any]]
+    firing_kwargs: dict[str, dict[str, Any]] | None
 
     def _init_hat_events(self) -> None:
         """Register the HAT events and the handler-list view; called once, from ``__init__``."""
@@ -95,38 +94,13 @@ class HatEventsMixin(_EngineBase):
 
         HAT events go through :func:`~hat_ignite.engine.dispatch.fire_hat_event`; their
         ``**kwargs`` hooks share one keyword dict per firing, built on first use (see
-        :meth:`hook_kwargs`).
+        :meth:`hook_kwargs`). Any other event goes to Ignite's ``Engine.fire_event``.
         """
         if event_name.__class__ is HatEvents:
             loop: Any = self  # a LoopBase: the only class this mixin goes into
             fire_hat_event(loop, event_name)
             return
         super().fire_event(event_name)
-
-    def _fire_event(self, event_name: Any, *event_args: Any, **event_kwargs: Any) -> None:
-        """Ignite's ``Engine._fire_event``, formatting its debug message only when it is logged.
-
-        The one private Ignite method the engine replaces: Ignite formats that message (epoch,
-        iteration and the event's name) on each of the four events it fires per step, logged or
-        not, which measured 2.6-2.9 µs a step on the no-op workload of ``bench/engine_overhead.py``
-        (noise there ≈ 0.5 µs; ``docs/benchmarks.md``). With DEBUG on, Ignite's own method runs.
-        Otherwise the handlers are called exactly as Ignite calls them (``tests/test_ignite_compat.py``
-        compares the calls with a bare ``Engine``'s; ``tests/test_public_apis.py`` checks that
-        nothing else private is replaced).
-        """
-        if self.logger.isEnabledFor(logging.DEBUG):
-            super()._fire_event(event_name, *event_args, **event_kwargs)
-            return
-        self.last_event_name = event_name
-        for func, args, kwargs in self._event_handlers[event_name]:
-            kwargs.update(event_kwargs)
-            if args and isinstance(args[0], weakref.ref):
-                engine = args[0]()
-                if engine is None:
-                    raise RuntimeError("Engine reference not resolved. Cannot execute event handler.")
-                func(engine, *event_args, *args[1:], **kwargs)
-            else:  # metrics do not take the engine
-                func(*event_args, *args, **kwargs)
 
     def add_event_handler(self, event_name: Any, handler: Callable, *args: Any, **kwargs: Any) -> Any:
         """Ignite's ``add_event_handler``; keeps :attr:`hat_handlers` pointing at the live lists.
@@ -178,9 +152,17 @@ class HatEventsMixin(_EngineBase):
         return names
 
     def hook_kwargs(self, hook: str) -> dict[str, Any]:
-        """The keywords HAT passes to ``hook`` right now (built once per firing)."""
-        kwargs = self._kwargs_cache.get(hook)
+        """The keywords HAT passes to ``hook`` right now.
+
+        While its event is being fired they are built once, on first use, and shared by the
+        event's hooks (each hook gets its own copy when the dict is unpacked into its call);
+        outside a firing they are built afresh.
+        """
+        loop: Any = self  # a LoopBase: the only class this mixin goes into
+        firing = self.firing_kwargs
+        if firing is None:
+            return hook_kwargs(hook, loop)
+        kwargs = firing.get(hook)
         if kwargs is None:
-            loop: Any = self  # a LoopBase: the only class this mixin goes into
-            kwargs = self._kwargs_cache[hook] = kwargs_builder(hook)(loop)
+            kwargs = firing[hook] = hook_kwargs(hook, loop)
         return kwargs

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence, cast
 
 import torch
 from ignite.engine import Engine, Events
+from ignite.metrics import Metric
 
 from hat_ignite.engine.bridge import (
     check_log_interval,
@@ -30,6 +31,8 @@ from hat_ignite.engine.bridge import (
 from hat_ignite.engine.dispatch import attach_hat_callback, hat_hook_methods
 from hat_ignite.engine.event_registry import HatEventsMixin, quiet_ignite_messages
 from hat_ignite.engine.events import HatEvents
+from hat_ignite.engine.ignite_entries import attach_entry, bare_handler_error, is_handler_entry
+from hat_ignite.engine.outputs import note_model_outputs, state_output_function
 from hat_ignite.engine.resumable import ResumableLoopMixin
 from hat_ignite.engine.state import HatState
 
@@ -120,8 +123,10 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
         resume_epoch_or_step: whether a resumed checkpoint also restores the epoch/step (down to
             the position inside the epoch), the callback states and the random generators.
             Converters of ``model_convert_pipeline`` with a ``resume(loop)`` method (such as
-            ``LoadCheckpoint``) do the restoring when ``fit()`` starts; see
-            :mod:`hat_ignite.engine.resumable`.
+            ``LoadCheckpoint``) do the restoring when the loop is built, as HAT does (so
+            ``loop.checkpoint``, the optimizer state and ``start_epoch`` / ``start_step`` can be
+            read before ``fit()``), and again when ``fit()`` starts if these two flags changed
+            since; see :mod:`hat_ignite.engine.resumable`.
         resume_dataloader: what a resume inside an epoch does with the epoch's data. ``None``
             (default) or ``True``: continue exactly where the checkpoint was written (the done
             batches are skipped, the generators restored). ``False``: as HAT without
@@ -136,8 +141,11 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
             hooks.
         start_step: 0-based global step to start from.
         callbacks: HAT callbacks (or their configs): hat-ignite ``CallbackMixin`` subclasses,
-            callbacks written for HAT (any object with HAT ``on_*`` hooks and no ``attach``), or
-            any object with ``attach(engine)`` such as an Ignite handler; attached in list order.
+            callbacks written for HAT (any object with HAT ``on_*`` hooks and no ``attach``), any
+            object with ``attach(engine)``, or an Ignite handler or metric listed with its event or
+            name (``dict(handler=TerminateOnNan(), event="ITERATION_COMPLETED")``,
+            ``dict(handler=RunningAverage(...), name="loss")``: see
+            :mod:`~hat_ignite.engine.ignite_entries`); attached in list order.
         train_metrics: metrics on the training data, passed to every hook as a list, as in HAT
             (one metric ``m`` as ``[m]``, ``None`` as ``[None]``).
         val_metrics: metrics on the validation data, passed to every hook as a list (likewise).
@@ -153,6 +161,12 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
             (``dict(type="Torch2Compile", backend="inductor", mode=...)``), a dict of
             ``torch.compile`` settings, ``True`` for the defaults, or any callable
             ``model -> model``. ``None`` (default): eager.
+        state_output: what Ignite handlers find in ``engine.state.output`` after each step:
+            ``"model_outs"`` (default), what the model returned; ``"loss"``, the step's summed
+            loss as a detached 0-dim tensor (what Ignite's trainers leave there, so recipes such
+            as ``f"{engine.state.output:.2f}"`` or ``RunningAverage(output_transform=lambda x: x)``
+            work as written; reading it is the handler's host-device sync); or a callable
+            ``model_outs -> value``. HAT hooks get ``model_outs`` either way.
 
     ``batch_processor`` and ``data_loader`` may be ``None`` in an *export stage*: a loop with no
     step to run (``num_epochs=0`` / ``num_steps=0``) that only converts the model and fires the
@@ -188,6 +202,7 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
         profiler: Any = None,
         log_interval: float = 0,
         compiler: Any = None,
+        state_output: str | Callable[[Any], Any] = "model_outs",
     ) -> None:
         batch_processor = build_if_config(batch_processor, "batch_processor")
         if batch_processor is not None and not callable(batch_processor):
@@ -255,6 +270,9 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
         #: none. ``StatsMonitor`` sets it to split a step into data wait and compute without a
         #: ``STEP_BEGIN`` hook.
         self.step_clock: Callable[[], float] | None = None
+        #: ``state_output`` as a function of the model outputs, applied by the process function
+        #: after ``STEP_END``; ``None``: ``state.output`` is the model outputs.
+        self.output_function = state_output_function(self, state_output)
         self.model_convert_pipeline = pipeline
         self.resume_optimizer = resume_optimizer
         self.resume_epoch_or_step = resume_epoch_or_step
@@ -278,7 +296,9 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
         self.log_interval = log_interval
         self.ema_model: torch.nn.Module | None = None
         self.checkpoint: Any = None
-        self._kwargs_cache: dict[str, dict[str, Any]] = {}
+        #: The keywords of the HAT event being fired, by hook (see ``hook_kwargs``); ``None``
+        #: between firings.
+        self.firing_kwargs: dict[str, dict[str, Any]] | None = None
         #: Whether this run trains in several processes (set when the run starts); the per-step
         #: finiteness checks then all-reduce their flags.
         self.multi_process = False
@@ -305,6 +325,7 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
         self.attach_callbacks(callbacks or [])
         if callable(getattr(profiler, "attach", None)):
             profiler.attach(self)  # after the callbacks: it wraps every handler when the run starts
+        self._resume_from_pipeline()  # last: it restores into the optimizer, processor and callbacks
 
     @property
     def torch_device(self) -> torch.device:
@@ -322,19 +343,21 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
         """Build (if configs) and attach ``callbacks`` in order; return the built objects."""
         built = []
         for i, cb in enumerate(callbacks):
+            if is_handler_entry(cb):  # dict(handler=..., event=...): an Ignite handler or metric
+                cb, handles = attach_entry(self, cb, f"{key}[{i}]")
+                self._callback_handles.extend(handles)
+                built.append(cb)
+                continue
             cb = build_if_config(cb, f"{key}[{i}]")
             attach = getattr(cb, "attach", None)
+            if isinstance(cb, Metric):  # its attach needs a name
+                raise bare_handler_error(cb, f"{key}[{i}]")
             if callable(attach):
                 handles = attach(self)
             elif hat_hook_methods(cb) or any(n.startswith("on_") for n in dir(type(cb))):
                 handles = attach_hat_callback(self, cb)  # a callback written for HAT, as it is
             else:
-                raise TypeError(
-                    f"{key}[{i}] is a {type(cb).__name__}, which has neither HAT hooks (on_step_end, "
-                    f"...) nor an attach(engine) method. A callback must be a HAT callback or an "
-                    f"Ignite-style handler with attach(engine); a plain function can be attached with "
-                    f"engine.add_event_handler."
-                )
+                raise bare_handler_error(cb, f"{key}[{i}]")
             if isinstance(handles, list):
                 self._callback_handles.extend(handles)
             built.append(cb)
@@ -374,6 +397,24 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
         finally:
             user_keys.extend(kept)
 
+    def _run_positioned(self, length: int, iteration: int) -> None:
+        """Run from ``iteration`` with the limit :meth:`_position` set.
+
+        A ``stop_by="step"`` run is Ignite's ``max_iters`` mode, where Ignite leaves
+        ``state.max_epochs`` ``None``; for the run's length it is the number of epochs the steps
+        reach, ``ceil(num_steps / len(data_loader))``, so that handlers reading it (Ignite's
+        ``BasicTimeProfiler`` sizes its tables by it) work. It is ``None`` again once ``run()``
+        returns, so that Ignite's ``run(max_iters=...)`` may follow.
+        """
+        by_step = self.stop_by == "step" and self.state.max_iters is not None
+        if by_step:
+            self.state.max_epochs = -(-self.state.max_iters // length)
+        try:
+            self.run(self._make_data(length, iteration))
+        finally:
+            if by_step:
+                self.state.max_epochs = None
+
     def _nothing_to_run(self, start_epoch: int | None = None, start_step: int | None = None) -> bool:
         start_epoch = self.start_epoch if start_epoch is None else start_epoch
         start_step = self.start_step if start_step is None else start_step
@@ -386,11 +427,41 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
         assert self.num_steps is not None  # __init__ requires num_steps with stop_by='step'
         return self.num_steps == 0 or start_step >= self.num_steps
 
+    def run(
+        self, data: Iterable | None = None, max_epochs: int | None = None, max_iters: int | None = None,
+        epoch_length: int | None = None,
+    ) -> Any:
+        """Ignite's ``run``; a new run without ``max_epochs`` / ``max_iters`` runs the loop's own
+        ``num_epochs`` (``stop_by="epoch"``) or ``num_steps`` (``stop_by="step"``), not Ignite's one epoch.
+
+        ``run(data)`` skips what :meth:`fit` does first (resumers, ``start_epoch`` /
+        ``start_step``); HAT's hooks fire as in :meth:`fit`.
+        """
+        state = self.state
+        done = (state.max_iters is not None and state.iteration >= state.max_iters) or (
+            state.max_epochs is not None and (state.epoch >= state.max_epochs or (
+                state.epoch_length is not None and state.iteration >= state.epoch_length * state.max_epochs))
+        )  # as Ignite's run() decides it
+        new_run = (state.max_epochs is None and state.max_iters is None) or (
+            done and self._internal_run_generator is None
+        )
+        if max_epochs is None and max_iters is None and new_run:
+            if self.stop_by == "epoch" and self.num_epochs:
+                max_epochs = self.num_epochs
+            elif self.stop_by == "step" and self.num_steps:
+                max_iters = self.num_steps
+        try:
+            return super().run(data, max_epochs=max_epochs, max_iters=max_iters, epoch_length=epoch_length)
+        except Exception as exc:
+            note_model_outputs(self, exc)
+            raise
+
     def fit(self) -> HatState:
         """Run the loop until ``num_epochs`` epochs or ``num_steps`` steps are done.
 
-        Resumers (``model_convert_pipeline`` converters with ``resume(loop)``, and objects given
-        to :meth:`schedule_resume`) run first and may move ``start_epoch`` / ``start_step``.
+        Resumers (objects given to :meth:`schedule_resume`, and ``model_convert_pipeline``
+        converters with ``resume(loop)`` unless they ran when the loop was built with the same
+        resume flags) run first and may move ``start_epoch`` / ``start_step``.
         A run stopped by Ignite's ``interrupt()`` goes on where it stopped, and a state restored
         with :meth:`load_state_dict` (or Ignite's ``Checkpoint.load_objects``) goes on at its
         iteration, as Ignite's ``run()`` does; any other call starts at ``start_epoch`` /
@@ -445,7 +516,10 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
                     f"{start_step // length}. Give one of them, or both consistent."
                 )
             self._position(iteration, length, limit)
-            self.run(self._make_data(length, iteration))
+            self._run_positioned(length, iteration)
+        elif self.stop_by == "step" and length:
+            self._position(0, length, limit)
+            self._run_positioned(length, 0)
         else:
             try:
                 self.run(self._make_data(length, 0), **limit)

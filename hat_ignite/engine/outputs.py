@@ -33,16 +33,21 @@ True
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
+from ignite.engine import Events
 
 from hat_ignite.engine.processors.batch_ops import total_loss
 
 if TYPE_CHECKING:  # pragma: no cover
     from hat_ignite.engine.loop import LoopBase
 
-__all__ = ["LossOutput", "loss_output"]
+__all__ = ["LossOutput", "loss_output", "state_output_function", "note_model_outputs", "STATE_OUTPUTS"]
+
+#: The names ``state_output=`` takes (a callable ``model_outs -> value`` works too).
+STATE_OUTPUTS = ("model_outs", "loss")
 
 
 class LossOutput:
@@ -86,3 +91,59 @@ def loss_output(engine: LoopBase) -> LossOutput:
         A :class:`LossOutput` to pass as ``output_transform=`` to Ignite handlers and metrics.
     """
     return LossOutput(engine)
+
+
+def state_output_function(engine: LoopBase, state_output: Any) -> Callable[[Any], Any] | None:
+    """What turns the model outputs into ``engine.state.output`` (``None``: they are kept as they are).
+
+    Args:
+        engine: the loop.
+        state_output: ``"model_outs"`` (or ``None``): the model outputs, as HAT's loop has them;
+            ``"loss"``: the step's summed loss, detached (:class:`LossOutput`), what Ignite's
+            ``create_supervised_trainer`` gives; or a callable ``model_outs -> value``.
+
+    Raises:
+        ValueError: ``state_output`` is none of these.
+    """
+    if state_output is None or state_output == "model_outs":
+        return None
+    if state_output == "loss":
+        return LossOutput(engine)
+    if callable(state_output):
+        return state_output
+    raise ValueError(
+        f"{type(engine).__name__}: state_output must be 'model_outs', 'loss' or a callable model_outs -> "
+        f"value, got {state_output!r}."
+    )
+
+
+_NOTED = (TypeError, ValueError, KeyError, IndexError, AttributeError)
+
+
+def note_model_outputs(engine: LoopBase, exc: BaseException) -> None:
+    """Add a note to ``exc`` when an Ignite handler may have taken the model outputs for a loss
+    (on Pythons before 3.11, which have no exception notes, the note goes into the message).
+
+    The note is added when the error was raised while Ignite's ``ITERATION_COMPLETED`` or
+    ``EPOCH_COMPLETED`` handlers ran and ``state.output`` held the model outputs (a dict, list or
+    tuple): stock recipes written for Ignite's trainers (``f"{engine.state.output:.2f}"``,
+    ``setup_common_training_handlers(output_names=...)``) read a loss there.
+    """
+    if not isinstance(exc, _NOTED) or engine.output_function is not None:
+        return
+    if engine.last_event_name not in (Events.ITERATION_COMPLETED, Events.EPOCH_COMPLETED):
+        return
+    output = engine.state.output
+    if not isinstance(output, (Mapping, list, tuple)):
+        return
+    note = (
+        f"hat-ignite: {type(engine).__name__}.state.output is the model outputs (a {type(output).__name__}), "
+        f"not the loss Ignite's create_supervised_trainer leaves there. If an Ignite handler read it as a "
+        f"loss, build the loop with state_output='loss' (state.output is then the step's loss), or give "
+        f"the handler output_transform=loss_output(trainer) (from hat_ignite.engine import loss_output)."
+    )
+    add_note = getattr(exc, "add_note", None)  # Python 3.11+
+    if callable(add_note):
+        add_note(note)
+    elif len(exc.args) == 1 and isinstance(exc.args[0], str):  # older Pythons: into the message
+        exc.args = (f"{exc.args[0]}\n{note}",)

@@ -1,8 +1,13 @@
 """`ResumableLoopMixin`: the part of :class:`~hat_ignite.engine.loop.LoopBase` that resumes and stops.
 
-Resuming. Objects with a ``resume(loop)`` method are called at the start of ``fit()``: the
-converters of ``model_convert_pipeline`` that have one (``LoadCheckpoint``), then those passed to
-:meth:`~ResumableLoopMixin.schedule_resume` (``hat-train --resume``). They restore what
+Resuming. Objects with a ``resume(loop)`` method restore a saved training state into the loop.
+The converters of ``model_convert_pipeline`` that have one (``LoadCheckpoint``) are called when
+the loop is built, as HAT restores its pipeline's checkpoint in the loop's constructor (so
+``loop.checkpoint``, the optimizer state and ``start_epoch`` / ``start_step`` are there before
+``fit()``), and again at the start of the next ``fit()`` only if ``resume_optimizer`` /
+``resume_epoch_or_step`` changed since (a later ``fit()`` calls them again); those passed to
+:meth:`~ResumableLoopMixin.schedule_resume` (``hat-train --resume``) are called at the start of
+``fit()``, after them. They restore what
 ``resume_optimizer`` / ``resume_epoch_or_step`` ask for and call
 :meth:`~ResumableLoopMixin.load_data_state_dict` with the saved data position and generators,
 which the loop puts back at the last moment before training goes on:
@@ -44,12 +49,15 @@ them after the same step; rank 0 writes the checkpoint and the others wait for i
 
 from __future__ import annotations
 
+import functools
 import logging
+import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
+from hat_ignite.engine.data_wait import DEFAULT_DATA_WAIT_LIMIT, DataWait
 from hat_ignite.engine.resume import ResumableData, set_rng_state
 from hat_ignite.engine.stop_vote import StopVote
 
@@ -79,10 +87,17 @@ class ResumableLoopMixin(_EngineBase):
     logger: logging.Logger
     _internal_run_generator: Any  # Ignite's paused run (Engine)
     _dataloader_iter: Any
+    #: Whether a loop without an optimizer also records its data position and generators (so
+    #: a stop and resume continues its data stream exactly) and votes on stopping: ``True`` for
+    #: a ``Calibrator``, whose observers depend on every batch they saw. Loops with an optimizer
+    #: always do.
+    keeps_data_position = False
 
     def _init_resumable(self) -> None:
         self._state_restored = False  # load_state_dict() was called since the last fit()
         self._resumers: list[Any] = []
+        #: the resume flags the pipeline's resumers last ran with when the loop was built, until fit()
+        self._pipeline_resumed_with: tuple[Any, Any] | None = None
         self._data: ResumableData | None = None
         self._pending_position: dict[str, Any] | None = None
         self._boundary_rng: Mapping[str, Any] | None = None
@@ -97,6 +112,11 @@ class ResumableLoopMixin(_EngineBase):
         self.stopped_by: str | None = None
         #: What each ``save_resume_point`` returned when the loop stopped on request.
         self.resume_points: list[Any] = []
+        #: Seconds a step may wait for its batch before a watchdog thread reports the data loader
+        #: as stuck (repeated every further limit); ``0`` or ``None``: no watchdog. See
+        #: :mod:`hat_ignite.engine.data_wait`; ``hat-train --data-wait-limit`` sets it.
+        self.data_wait_limit: float | None = DEFAULT_DATA_WAIT_LIMIT
+        self._data_wait: DataWait | None = None
 
     # -- public API ------------------------------------------------------------------------
     def schedule_resume(self, resumer: Any) -> None:
@@ -127,6 +147,20 @@ class ResumableLoopMixin(_EngineBase):
         self.stop_code = int(code)
         self.stop_requested = str(reason)
 
+    def interrupt_data_wait(self) -> None:
+        """End a wait for the next batch now, when a stop was requested during it.
+
+        For the main thread's signal handler, right after :meth:`request_stop`: when the loop is
+        inside ``next()`` of its data iterator (a slow or stuck loader), this raises
+        :class:`~hat_ignite.engine.data_wait.DataWaitInterrupted` there; the loop then writes the
+        resumable checkpoint of the last finished step (``save_resume_point``) and stops, as at a
+        step boundary. Does nothing when the loop is not waiting for data, or in a run of several
+        processes (their ranks agree on stopping at step boundaries).
+        """
+        wait = self._data_wait
+        if wait is not None and self._stop_vote is None and self.stop_requested is not None:
+            wait.interrupt(self.stop_requested)
+
     def settle_updates(self) -> None:
         """Make known whether every queued optimizer update really ran; call before saving.
 
@@ -141,6 +175,25 @@ class ResumableLoopMixin(_EngineBase):
         settle = getattr(self.batch_processor, "settle_updates", None)
         if settle is not None and self.optimizer is not None:
             settle(self)
+
+    @property
+    def drops_updates(self) -> bool:
+        """Whether a step's update may be dropped (``nonfinite_policy="skip"``): then what a step
+        fed into metrics counts only once :meth:`update_dropped` says its update was done."""
+        guard = getattr(self.batch_processor, "nonfinite", None)
+        return (self.optimizer is not None and getattr(guard, "policy", None) == "skip"
+                and bool(getattr(self.batch_processor, "check_finite_loss", False)))
+
+    def update_dropped(self, global_step_id: int) -> bool | None:
+        """Whether the NaN/Inf guard dropped the update step ``global_step_id`` fed (skip policy).
+
+        ``None`` while not known yet: with a fused optimizer the flag is read a step or more later
+        (:meth:`settle_updates` reads it at once, a blocking read). ``False`` without a guard.
+        """
+        guard = getattr(self.batch_processor, "nonfinite", None)
+        if guard is None or not self.drops_updates:
+            return False
+        return guard.update_dropped(global_step_id)
 
     def data_state_dict(self) -> dict[str, Any] | None:
         """Where the training data stream stands: what an exact mid-epoch resume needs.
@@ -205,26 +258,53 @@ class ResumableLoopMixin(_EngineBase):
         finally:
             self.logger.setLevel(level)
 
-    def _run_resumers(self) -> None:
+    def _pipeline_resumers(self) -> list[Any]:
         pipeline = self.model_convert_pipeline
         converters = pipeline if isinstance(pipeline, (list, tuple)) else [] if pipeline is None else [pipeline]
         nested = [c for conv in converters for c in getattr(conv, "converters", None) or []]
-        for resumer in [*converters, *nested, *self._resumers]:
-            resume = getattr(resumer, "resume", None)
-            if callable(resume):
-                resume(self)
-        self._resumers = []
+        return [c for c in [*converters, *nested] if callable(getattr(c, "resume", None))]
+
+    def _resume_flags(self) -> tuple[Any, Any]:
+        return (getattr(self, "resume_optimizer", None), getattr(self, "resume_epoch_or_step", None))
+
+    def _resume_from_pipeline(self) -> None:
+        """Restore the pipeline's checkpoint when the loop is built (called last in its constructor)."""
+        resumers = self._pipeline_resumers()
+        for resumer in resumers:
+            resumer.resume(self)
+        self._pipeline_resumed_with = self._resume_flags() if resumers else None
+
+    def _run_resumers(self) -> None:
+        """Call the resumers at the start of ``fit()``; a scheduled one (``--resume``) has the last word.
+
+        The pipeline's resumers (``LoadCheckpoint``) ran when the loop was built; they run again only
+        if the flags saying what to restore changed since. When a checkpoint of this run is
+        scheduled, only that one is the run's training state: a converter's file (the previous
+        stage's weights a calibration starts from) must not set the progress, data position,
+        callback states or generators.
+        """
+        done_with, self._pipeline_resumed_with = self._pipeline_resumed_with, None
+        scheduled, self._resumers = self._resumers, []
+        pipeline = [] if done_with == self._resume_flags() else self._pipeline_resumers()
+        if scheduled and (pipeline or done_with is not None):
+            self.logger.info("Resuming from a checkpoint of this run: it replaces the training state of %s "
+                             "(only its weights are kept until the resumed checkpoint loads its own).",
+                             ", ".join(map(repr, self._pipeline_resumers())))
+            pipeline = []
+        for resumer in [*pipeline, *scheduled]:
+            resumer.resume(self)
 
     def _make_data(self, length: int | None, start_iteration: int) -> Any:
         """The iterable ``run()`` goes over; places a pending position into it."""
         self.stopped_by = None
         self.resume_points = []
-        if self.optimizer is None:  # loops that do not train never resume (nor vote on stopping)
+        if self.optimizer is None and not self.keeps_data_position:  # e.g. a Predictor: never resumes
             self._data = None
             self._stop_vote = None
             return self.data_loader
         self._stop_vote = StopVote.for_this_run(getattr(self, "torch_device", torch.device("cpu")))
         self._data = ResumableData(self.data_loader)
+        self._watch_data(self._data)
         pending, self._pending_position = self._pending_position, None
         self._boundary_rng, self._replay_epoch_end = None, False
         if pending is None:
@@ -254,6 +334,46 @@ class ResumableLoopMixin(_EngineBase):
         else:
             self._boundary_rng = rng
         return self._data
+
+    def _watch_data(self, data: ResumableData) -> None:
+        """Record each batch fetch's start, start the watchdog, and let a stop end a wait."""
+        if self._data_wait is not None:
+            self._data_wait.stop()
+        ref = weakref.ref(self)  # the watchdog refers to the loop weakly: no cycle keeps a finished loop alive
+
+        def where() -> str:
+            loop = ref()
+            return "" if loop is None else loop._fetch_position()
+
+        wait = DataWait(self.data_loader, self.data_wait_limit, where, f"{type(self).__name__} loop")
+
+        def interrupted() -> Any:
+            loop = ref()
+            return None if loop is None else loop._stop_while_waiting()
+
+        data.wrap = functools.partial(wait.watch, on_interrupt=interrupted)
+        self._data_wait = wait
+        wait.start()
+
+    def _fetch_position(self) -> str:
+        state = self.state
+        return f"epoch_id={max(state.epoch - 1, 0)}, global_step_id={state.iteration}"
+
+    def _stop_while_waiting(self) -> None:
+        """A stop requested while the loop waited for a batch: stop now, after the last finished step."""
+        data, state = self._data, self.state
+        if data is not None and state.iteration == state.epoch_first_step:
+            data.restore_epoch_start()  # nothing of the epoch is done: its iterator is made again
+        if not getattr(self.data_loader, "num_workers", 0):
+            self.logger.warning(
+                "Stopped while the data loader (no worker processes) was loading the batch of %s in this process: "
+                "random numbers the dataset drew for it are not rewound, so a resumed run equals a straight "
+                "one only when loading draws none (DataLoader workers do their drawing in their own processes).",
+                self._fetch_position(),
+            )
+        reason = self.stop_requested or "stop requested"
+        self._stop_now(f"{reason}, while waiting for the data loader", self.stop_code or 1)
+        return None  # the batch Ignite gets; terminate() ends the run before any step sees it
 
     def _after_loop_begin(self, close_epoch: Callable[[Any], None]) -> None:
         """Fire the on_epoch_end hooks of an epoch whose last step was saved before them."""
@@ -287,6 +407,11 @@ class ResumableLoopMixin(_EngineBase):
                 reason = self.stop_requested or f"another process asked to stop (code {code})"
         if not code:
             return
+        self._stop_now(reason, code)
+
+    def _stop_now(self, reason: str | None, code: int) -> None:
+        """Save the resume points of the state after the last finished step, and terminate."""
+        vote = self._stop_vote
         self.settle_updates()  # a skipped update raises here, before any checkpoint is written
         self.stop_requested = None
         self.stopped_by, self.stop_code = reason, code

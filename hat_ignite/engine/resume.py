@@ -249,6 +249,8 @@ class ResumableData:
         self._limit: int | None = None
         self._sampler: _PositionedBatchSampler | None = None
         self._seeded: DataLoader | None = None
+        #: Wraps each epoch's iterator (the loop's :class:`~hat_ignite.engine.data_wait.DataWait`); ``None``: as is.
+        self.wrap: Callable[[Iterator[Any]], Iterator[Any]] | None = None
         if isinstance(loader, DataLoader) and _positionable(loader):
             tag = seed_workers and loader.num_workers > 0
             self._sampler = _PositionedBatchSampler(loader.batch_sampler, tag=tag)
@@ -304,7 +306,20 @@ class ResumableData:
             digest.update(state[name].numpy().tobytes())
         return int.from_bytes(digest.digest(), "little")
 
+    def restore_epoch_start(self) -> None:
+        """Put the generators back to where the running epoch's iterator started.
+
+        For a stop before the epoch's first batch arrived: creating the iterator drew from them
+        (the shuffle, the workers' base seed), and the resumed run creates it again.
+        """
+        if self.epoch_generators is not None:
+            self._restore(self.epoch_generators)
+
     def __iter__(self) -> Iterator[Any]:
+        iterator = self._iterate()
+        return iterator if self.wrap is None else self.wrap(iterator)
+
+    def _iterate(self) -> Iterator[Any]:
         pending, self._pending = self._pending, None
         limit, self._limit = self._limit, None
         if limit is not None:

@@ -32,8 +32,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from hat_ignite.engine.loop import LoopBase
 
 __all__ = [
-    "HatState", "EventStorage", "HOOK_KWARGS", "COMMON_KWARGS", "hook_kwargs", "kwargs_builder", "keyword_caller",
-    "accepted_kwargs", "disabled_grad_scaler", "hook_grad_scaler",
+    "HatState", "EventStorage", "HOOK_KWARGS", "COMMON_KWARGS", "hook_kwargs", "accepted_kwargs",
+    "disabled_grad_scaler", "hook_grad_scaler",
 ]
 
 _IDS = ("epoch_id", "step_id", "global_step_id")
@@ -67,11 +67,6 @@ HOOK_KWARGS: dict[str, tuple[str, ...]] = {
     ),
     "on_loop_end": ("model", "ema_model", "optimizer", "epoch_id", "global_step_id", "device", "callbacks"),
 }
-
-_SUB_BATCH_HOOKS = frozenset(
-    {"on_batch_begin", "on_forward_begin", "on_forward_end", "on_backward_begin", "on_backward_end", "on_batch_end"}
-)
-_STEP_HOOKS = _SUB_BATCH_HOOKS | {"on_step_begin", "on_optimizer_step_begin", "on_step_end"}
 
 
 class EventStorage(dict):
@@ -195,107 +190,104 @@ class HatState(State):
         return max(self.iteration - 1 - self.epoch_first_step, 0)
 
 
-#: Where each keyword's value comes from, as an expression over ``loop`` and ``state``
-#: (``loop.state``). Step-level and sub-batch hooks differ in a few entries (below).
-_SOURCES: dict[str, str] = {
-    "loop": "loop",
-    "storage": "state.storage",
-    "train_metrics": "loop.train_metrics",
-    "val_metrics": "loop.val_metrics",
-    "profiler": "loop.profiler",
-    "model": "loop.model",
-    "ema_model": "loop.ema_model",
-    "optimizer": "loop.optimizer",
-    "data_loader": "loop.data_loader",
-    "num_epochs": "loop.num_epochs",
-    "num_steps": "loop.num_steps",
-    "start_epoch": "loop.start_epoch",
-    "start_step": "loop.start_step",
-    "device": "loop.device",
-    "callbacks": "loop.callbacks",
-    "grad_scaler": "hook_grad_scaler(loop)",
-    "epoch_id": "max(state.epoch - 1, 0)",
-    "step_id": "state.step_id",
-    "global_step_id": "state.iteration",  # outside a step: the id of the next step
-    "batch_idx": "state.batch_idx",
-    "batch": "state.batch",
-    "model_outs": "state.output",
+# What each hook passes on top of COMMON_KWARGS, one function per hook, in HOOK_KWARGS order
+# (tests/test_hot_path.py checks that they agree). Ids: epoch_id is 0-based, as HAT's; inside a
+# step global_step_id is the running step's id, outside a step the next step's (Ignite's
+# iteration counts the steps done).
+
+
+def _on_loop_begin(loop: Any, state: Any) -> dict[str, Any]:
+    return {"model": loop.model, "optimizer": loop.optimizer, "data_loader": loop.data_loader,
+            "num_epochs": loop.num_epochs, "num_steps": loop.num_steps}
+
+
+def _on_epoch_begin(loop: Any, state: Any) -> dict[str, Any]:
+    return {"model": loop.model, "optimizer": loop.optimizer, "data_loader": loop.data_loader,
+            "epoch_id": max(state.epoch - 1, 0), "global_step_id": state.iteration}
+
+
+def _on_step_begin(loop: Any, state: Any) -> dict[str, Any]:
+    return {"model": loop.model, "optimizer": loop.optimizer, "data_loader": loop.data_loader,
+            "epoch_id": max(state.epoch - 1, 0), "step_id": state.step_id, "global_step_id": state.iteration - 1,
+            "start_epoch": loop.start_epoch, "start_step": loop.start_step, "batch": state.batch}
+
+
+# the per-batch hooks pass the (sub-)batch the processor works on, and its outputs and losses
+
+
+def _on_batch_begin(loop: Any, state: Any) -> dict[str, Any]:
+    return {"batch": state.sub_batch, "batch_idx": state.batch_idx,
+            "epoch_id": max(state.epoch - 1, 0), "step_id": state.step_id, "global_step_id": state.iteration - 1}
+
+
+def _on_forward_begin(loop: Any, state: Any) -> dict[str, Any]:
+    return {"batch": state.sub_batch, "model": loop.model, "batch_idx": state.batch_idx,
+            "epoch_id": max(state.epoch - 1, 0), "step_id": state.step_id, "global_step_id": state.iteration - 1}
+
+
+def _on_forward_end(loop: Any, state: Any) -> dict[str, Any]:
+    return {"model_outs": state.sub_model_outs, "batch_idx": state.batch_idx,
+            "epoch_id": max(state.epoch - 1, 0), "step_id": state.step_id, "global_step_id": state.iteration - 1}
+
+
+def _on_backward_begin(loop: Any, state: Any) -> dict[str, Any]:
+    return {"model": loop.model, "optimizer": loop.optimizer, "batch": state.sub_batch, "batch_idx": state.batch_idx,
+            "epoch_id": max(state.epoch - 1, 0), "step_id": state.step_id, "global_step_id": state.iteration - 1}
+
+
+def _on_backward_end(loop: Any, state: Any) -> dict[str, Any]:
+    return {"model": loop.model, "optimizer": loop.optimizer, "batch": state.sub_batch,
+            "grad_scaler": hook_grad_scaler(loop), "batch_idx": state.batch_idx,
+            "epoch_id": max(state.epoch - 1, 0), "step_id": state.step_id, "global_step_id": state.iteration - 1}
+
+
+def _on_optimizer_step_begin(loop: Any, state: Any) -> dict[str, Any]:
+    return {"model": loop.model, "optimizer": loop.optimizer, "grad_scaler": hook_grad_scaler(loop),
+            "epoch_id": max(state.epoch - 1, 0), "step_id": state.step_id, "global_step_id": state.iteration - 1}
+
+
+def _on_batch_end(loop: Any, state: Any) -> dict[str, Any]:
+    return {"batch": state.sub_batch, "losses": state.losses, "model_outs": state.sub_model_outs,
+            "batch_idx": state.batch_idx,
+            "epoch_id": max(state.epoch - 1, 0), "step_id": state.step_id, "global_step_id": state.iteration - 1}
+
+
+def _on_step_end(loop: Any, state: Any) -> dict[str, Any]:
+    return {"model": loop.model, "ema_model": loop.ema_model, "optimizer": loop.optimizer,
+            "data_loader": loop.data_loader,
+            "epoch_id": max(state.epoch - 1, 0), "step_id": state.step_id, "global_step_id": state.iteration - 1,
+            "num_steps": loop.num_steps, "device": loop.device, "callbacks": loop.callbacks, "batch": state.batch,
+            "model_outs": state.output}
+
+
+def _on_epoch_end(loop: Any, state: Any) -> dict[str, Any]:
+    return {"model": loop.model, "ema_model": loop.ema_model, "optimizer": loop.optimizer,
+            "epoch_id": max(state.epoch - 1, 0), "global_step_id": state.iteration, "num_epochs": loop.num_epochs,
+            "device": loop.device, "callbacks": loop.callbacks}
+
+
+def _on_loop_end(loop: Any, state: Any) -> dict[str, Any]:
+    # after the loop HAT's epoch counter has moved past the last epoch run: the epochs run so far
+    return {"model": loop.model, "ema_model": loop.ema_model, "optimizer": loop.optimizer,
+            "epoch_id": state.epoch, "global_step_id": state.iteration, "device": loop.device,
+            "callbacks": loop.callbacks}
+
+
+_HOOK_VALUES: dict[str, Callable[[Any, Any], dict[str, Any]]] = {
+    "on_loop_begin": _on_loop_begin,
+    "on_epoch_begin": _on_epoch_begin,
+    "on_step_begin": _on_step_begin,
+    "on_batch_begin": _on_batch_begin,
+    "on_forward_begin": _on_forward_begin,
+    "on_forward_end": _on_forward_end,
+    "on_backward_begin": _on_backward_begin,
+    "on_backward_end": _on_backward_end,
+    "on_optimizer_step_begin": _on_optimizer_step_begin,
+    "on_batch_end": _on_batch_end,
+    "on_step_end": _on_step_end,
+    "on_epoch_end": _on_epoch_end,
+    "on_loop_end": _on_loop_end,
 }
-_IN_STEP_SOURCES = {"global_step_id": "state.iteration - 1"}
-# after the loop HAT's epoch counter has moved past the last epoch run: the epochs run so far
-_LOOP_END_SOURCES = {"epoch_id": "state.epoch"}
-_SUB_BATCH_SOURCES = {**_IN_STEP_SOURCES, "batch": "state.sub_batch", "losses": "state.losses",
-                      "model_outs": "state.sub_model_outs"}
-
-
-def _sources(hook: str, names: tuple[str, ...] | None) -> tuple[tuple[str, ...], dict[str, str]]:
-    """``names`` checked against ``hook`` (all of its keywords for ``None``), and where each comes from.
-
-    The sources are expressions over ``loop`` and ``state``; step-level and sub-batch hooks read
-    a few of them elsewhere (see :data:`_IN_STEP_SOURCES`, :data:`_SUB_BATCH_SOURCES`).
-    """
-    if hook not in HOOK_KWARGS:
-        raise ValueError(f"{hook!r} is not a HAT hook; the hooks are {', '.join(HOOK_KWARGS)}.")
-    allowed = (*HOOK_KWARGS[hook], *COMMON_KWARGS)
-    if names is None:
-        names = allowed
-    unknown = [n for n in names if n not in allowed]
-    if unknown:
-        raise ValueError(f"{hook} does not pass {', '.join(map(repr, unknown))}; it passes {', '.join(allowed)}.")
-    sources = dict(_SOURCES)
-    if hook in _SUB_BATCH_HOOKS:
-        sources.update(_SUB_BATCH_SOURCES)
-    elif hook in _STEP_HOOKS:
-        sources.update(_IN_STEP_SOURCES)
-    elif hook == "on_loop_end":
-        sources.update(_LOOP_END_SOURCES)
-    return names, sources
-
-
-def _generate(name: str, params: str, body: str) -> Callable[..., Any]:
-    """``def name(params): state = loop.state; return body``, with ``body`` as its docstring."""
-    namespace: dict[str, Any] = {}
-    code = f"def {name}({params}):\n    state = loop.state\n    return {body}\n"
-    exec(code, {"hook_grad_scaler": hook_grad_scaler}, namespace)  # noqa: S102
-    func = namespace[name]
-    func.__doc__ = body
-    return func
-
-
-@functools.lru_cache(maxsize=None)
-def kwargs_builder(hook: str, names: tuple[str, ...] | None = None) -> Callable[[LoopBase], dict[str, Any]]:
-    """A function ``loop -> dict`` that builds ``hook``'s keywords (or only ``names`` of them).
-
-    The function is generated once per ``(hook, names)`` from :data:`HOOK_KWARGS` as a single
-    dict display, so a firing reads each value once and builds no keyword it does not pass.
-
-    Args:
-        hook: a HAT hook name such as ``"on_step_end"``.
-        names: the keywords to build, a subset of :func:`accepted_kwargs`; ``None`` for all.
-
-    >>> kwargs_builder("on_epoch_begin", ("epoch_id",)).__doc__
-    "{'epoch_id': max(state.epoch - 1, 0)}"
-    """
-    names, sources = _sources(hook, names)
-    display = "{" + ", ".join(f"{n!r}: {sources[n]}" for n in names) + "}"
-    return _generate(f"build_{hook}_kwargs", "loop", display)
-
-
-@functools.lru_cache(maxsize=None)
-def keyword_caller(hook: str, names: tuple[str, ...]) -> Callable[[Callable[..., Any], LoopBase], Any]:
-    """A function ``(method, loop) -> method(name=value, ...)`` passing ``names`` of ``hook``'s keywords.
-
-    Generated once per ``(hook, names)`` like :func:`kwargs_builder`, but it calls the method with
-    the keywords written out, so a firing builds no dict for the call to unpack.
-
-    >>> keyword_caller("on_epoch_begin", ("epoch_id",)).__doc__
-    'method(epoch_id=max(state.epoch - 1, 0))'
-    >>> keyword_caller("on_step_end", ()).__doc__
-    'method()'
-    """
-    names, sources = _sources(hook, names)
-    call = "method(" + ", ".join(f"{n}={sources[n]}" for n in names) + ")"
-    return _generate(f"call_{hook}", "method, loop", call)
 
 
 def hook_kwargs(hook: str, loop: LoopBase) -> dict[str, Any]:
@@ -306,9 +298,23 @@ def hook_kwargs(hook: str, loop: LoopBase) -> dict[str, Any]:
         loop: the running engine.
 
     Returns:
-        A new dict with exactly the names of ``HOOK_KWARGS[hook]`` plus :data:`COMMON_KWARGS`.
+        A new dict with exactly the names of ``HOOK_KWARGS[hook]`` plus :data:`COMMON_KWARGS`,
+        in that order.
+
+    Raises:
+        ValueError: ``hook`` is no HAT hook.
     """
-    return kwargs_builder(hook)(loop)
+    values = _HOOK_VALUES.get(hook)
+    if values is None:
+        raise ValueError(f"{hook!r} is not a HAT hook; the hooks are {', '.join(HOOK_KWARGS)}.")
+    state = loop.state
+    kwargs = values(loop, state)
+    kwargs["loop"] = loop  # COMMON_KWARGS
+    kwargs["storage"] = state.storage
+    kwargs["train_metrics"] = loop.train_metrics
+    kwargs["val_metrics"] = loop.val_metrics
+    kwargs["profiler"] = loop.profiler
+    return kwargs
 
 
 def accepted_kwargs(hook: str) -> frozenset[str]:

@@ -32,7 +32,7 @@ import torch
 
 from hat_ignite.metrics.base import EvalMetric, to_python
 
-__all__ = ["MetricAdapter", "is_ignite_metric"]
+__all__ = ["MetricAdapter", "foreign_metric_kind", "is_ignite_metric"]
 
 
 def is_ignite_metric(metric: Any) -> bool:
@@ -43,6 +43,24 @@ def is_ignite_metric(metric: Any) -> bool:
     (True, False)
     """
     return any(c.__module__.startswith("ignite.metrics") and c.__name__ == "Metric" for c in type(metric).__mro__)
+
+
+def foreign_metric_kind(metric: Any) -> str | None:
+    """``"torchmetrics"`` or ``"Ignite"`` for a metric of that library, else ``None``.
+
+    Found by the class's module name, so torchmetrics is not imported. A :class:`MetricAdapter`
+    is none (it takes HAT's call).
+
+    >>> from ignite.metrics import Precision
+    >>> foreign_metric_kind(Precision()), foreign_metric_kind(MetricAdapter(Precision()))
+    ('Ignite', None)
+    """
+    if isinstance(metric, EvalMetric):
+        return None
+    modules = [c.__module__ for c in type(metric).__mro__]
+    if any(m == "torchmetrics" or m.startswith("torchmetrics.") for m in modules):
+        return "torchmetrics"
+    return "Ignite" if is_ignite_metric(metric) else None
 
 
 class MetricAdapter(EvalMetric):

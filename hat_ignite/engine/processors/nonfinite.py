@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import deque
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -56,6 +57,7 @@ logger = logging.getLogger(__name__)
 NONFINITE_POLICIES = ("raise", "skip")
 
 _MAX_NAMED = 5
+_KEPT_DROPS = 256  # dropped updates remembered for update_dropped(): readers ask about recent steps only
 
 
 _DIST = torch.distributed.is_available()
@@ -238,6 +240,37 @@ class NonFiniteGuard:
         self._on_device = False
         #: Whether the optimizer skips an update itself on the device flag (``fused=True``).
         self.skips_on_device = False
+        #: The global step id up to which every update's outcome (done or dropped) is known.
+        self.known_through = -1
+        self._dropped: deque[tuple[int, int]] = deque(maxlen=_KEPT_DROPS)  # (first, last) steps of dropped updates
+        self._last_update: int | None = None  # the global step id of the last update decided or queued
+
+    # -- outcomes: which steps' updates were dropped ---------------------------------------------
+    def _group_first(self, step: int) -> int:
+        """The first step of the update ending at ``step`` (several with gradient accumulation)."""
+        last = self._last_update
+        self._last_update = step
+        return last + 1 if last is not None and last < step else step
+
+    def _decided(self, first: int, step: int, dropped: bool) -> None:
+        if dropped:
+            self._dropped.append((first, step))
+        self.known_through = max(self.known_through, step)
+
+    def update_dropped(self, global_step_id: int) -> bool | None:
+        """Whether the update that step ``global_step_id`` fed was dropped (``policy="skip"``).
+
+        ``None`` while it is not known yet: the flag is still on its way from the device
+        (a step or more; :meth:`flush` reads every pending one).
+
+        >>> guard = NonFiniteGuard(policy="skip")
+        >>> guard._decided(guard._group_first(0), 0, dropped=True)
+        >>> guard.update_dropped(0), guard.update_dropped(1)
+        (True, None)
+        """
+        if global_step_id > self.known_through:
+            return None
+        return any(first <= global_step_id <= last for first, last in self._dropped)
 
     # -- on-device mode: no host read per step ------------------------------------------------
     def on_device(self, optimizer: Any, scaler: Any) -> bool:
@@ -296,11 +329,15 @@ class NonFiniteGuard:
             return
         if not final:
             state = engine.state
-            where = (state.epoch - 1, getattr(state, "step_id", state.iteration - 1), state.iteration - 1,
-                     getattr(state, "batch_idx", 0))
+            step = state.iteration - 1
+            where = (state.epoch - 1, getattr(state, "step_id", step), step, getattr(state, "batch_idx", 0),
+                     self._group_first(step))
             flags.record(where, (state.losses, getattr(state, "sub_model_outs", None)))  # names the losses
         for where, loss_bad, _, (losses, model_outs) in flags.ready(final):
             self._report(engine, where, loss_bad, losses, model_outs)
+        read = flags.read_through
+        if read is not None and len(read) > 4:
+            self.known_through = max(self.known_through, read[2])
 
     def flush(self, engine: LoopBase) -> None:
         """Read every pending flag (waiting for the device): the end of an epoch or of the run."""
@@ -308,7 +345,7 @@ class NonFiniteGuard:
             self.after_step(engine, final=True)
 
     def _report(self, engine: LoopBase, where_ids: tuple, loss_bad: bool, losses: Any, model_outs: Any) -> None:
-        epoch_id, step_id, global_step_id, batch_idx = where_ids
+        epoch_id, step_id, global_step_id, batch_idx = where_ids[:4]
         where = f"epoch_id={epoch_id}, step_id={step_id}, global_step_id={global_step_id}, batch_idx={batch_idx}"
         what = describe_losses(losses, model_outs)
         if loss_bad and losses is not None and _all_finite(losses):
@@ -317,6 +354,7 @@ class NonFiniteGuard:
         if self.policy == "skip":
             state = engine.state
             state.nonfinite_skipped = getattr(state, "nonfinite_skipped", 0) + 1
+            self._decided(where_ids[4] if len(where_ids) > 4 else global_step_id, global_step_id, dropped=True)
             logger.warning("Skipped the optimizer update (%d so far): non-finite %s at %s: %s.",
                            state.nonfinite_skipped, kind, where, what)
             return
@@ -372,8 +410,12 @@ class NonFiniteGuard:
                         f"to drop such steps."
                     )
                 self.pending = f"non-finite gradient at {where}: parameters {names}"
+        step = engine.state.iteration - 1
+        first = self._group_first(step)
         if self.pending is None:
+            self._decided(first, step, dropped=False)
             return True
+        self._decided(first, step, dropped=True)
         state = engine.state
         state.nonfinite_skipped = getattr(state, "nonfinite_skipped", 0) + 1
         logger.warning(

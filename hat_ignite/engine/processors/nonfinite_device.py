@@ -69,6 +69,8 @@ class DeviceFlags:
         self._view = self._mirror.numpy()
         self._events = [torch.cuda.Event() for _ in range(RING)] if cuda else None
         self._pending: deque[tuple[int, Any, Any]] = deque()  # (slot, where, losses) oldest first
+        #: The ``where`` of the newest update whose flags were read (``None``: none yet).
+        self.read_through: Any = None
         self._count = 0
 
     def check(self, losses: list[torch.Tensor], grads: list[torch.Tensor], multi_process: bool = False) -> None:
@@ -139,6 +141,7 @@ class DeviceFlags:
             elif not final and len(pending) < 2:
                 break
             pending.popleft()
+            self.read_through = where
             if view.item(slot, 1):  # a Python float from host memory
                 out = out or []
                 out.append((where, bool(view.item(slot, 0)), True, losses))
