@@ -82,3 +82,15 @@ def test_importing_a_package_imports_none_of_its_modules():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[:2] == ["[]", "True False"]
+
+
+def test_hat_train_help_imports_neither_torch_nor_ignite():
+    """``hat-train CONFIG --help`` answers from the parser alone: importing an engine module for a
+    default (as the parser does) must not run an engine package that imports torch."""
+    config = ROOT / "configs" / "classification" / "digits_mlp.py"
+    code = ("import sys; from hat_ignite.cli.train import main; code = main([sys.argv[1], '--help']); "
+            "print(code, 'torch' in sys.modules, 'ignite' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, str(config)], capture_output=True, text=True, timeout=120,
+                         cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert "--stage" in out.stdout and out.stdout.splitlines()[-1] == "0 False False"
