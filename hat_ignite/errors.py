@@ -8,7 +8,7 @@ from __future__ import annotations
 __all__ = [
     "HatIgniteError", "ConfigError", "CheckpointError", "CallbackSignatureError", "NonFiniteLossError",
     "BatchError", "DataError", "QuantizationError", "UnknownLengthError",
-    "MissingHatNameError",
+    "MissingHatNameError", "MissingExtraError",
 ]
 
 
@@ -64,3 +64,15 @@ class MissingHatNameError(HatIgniteError, AttributeError):
     work as on any module. ``from hat.x import Name`` raises an ``ImportError`` with the same
     message (see :mod:`hat_ignite.hat_alias`).
     """
+
+
+class MissingExtraError(HatIgniteError, ImportError):
+    """An optional package is not installed; the message names the extra that installs it.
+
+    >>> print(MissingExtraError("matplotlib", "curves", "drawing training curves"))
+    drawing training curves needs matplotlib, which is not installed: pip install 'hat-ignite[curves]'.
+    """
+
+    def __init__(self, package: str, extra: str, purpose: str) -> None:
+        super().__init__(f"{purpose} needs {package}, which is not installed: pip install 'hat-ignite[{extra}]'.")
+        self.package, self.extra = package, extra

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Create .venv with everything hat-ignite needs; safe to run again (it only installs what changed).
+# Create .venv with hat-ignite and the extras named as arguments (scripts/train_digits.sh: demo,
+# scripts/test.sh: test); safe to run again (it only installs what changed or was not there yet).
 #
 # torch: a torch the Python already has (for example a CUDA build) is kept: the venv then sees the
 # system site-packages. With no torch, torch==2.13.0 is installed (a CPU wheel where one lies on
@@ -18,9 +19,13 @@ fi
 if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
     .venv/bin/python -m pip install --quiet "torch==2.13.0"
 fi
+# The stamp holds the hash of pyproject.toml and the extras installed with it: a second command
+# asking for other extras installs them too, keeping the first command's.
 stamp=.venv/.hat-ignite-installed
-want=$(cat pyproject.toml | sha256sum | cut -d' ' -f1)
-if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-    .venv/bin/python -m pip install --quiet -e ".[test]"
-    echo "$want" > "$stamp"
+want=$(sha256sum < pyproject.toml | cut -d' ' -f1)
+[ -f "$stamp" ] && read -r have_hash have_extras < "$stamp" || true
+extras=$(printf '%s\n' $([ "${have_hash:-}" = "$want" ] && echo "${have_extras:-}" | tr ',' ' ') "$@" | sort -u | paste -sd, -)
+if [ "${have_hash:-}" != "$want" ] || [ "${have_extras:-}" != "$extras" ]; then
+    .venv/bin/python -m pip install --quiet -e ".${extras:+[$extras]}"
+    echo "$want $extras" > "$stamp"
 fi

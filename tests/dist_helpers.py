@@ -1,6 +1,8 @@
 """Pieces the distributed tests load into their worker processes (importable as ``dist_helpers``).
 
 * ``DumpParams``: a callback writing each rank's final parameters to ``params_rank{r}.pt``;
+* ``ProcessIds``: a callback writing the id of each rank's process and of its parent, the world
+  size and the model's class to ``process_rank{r}.json``;
 * ``FailingMLP``: the digits MLP, raising on one rank at one training step;
 * ``NanLossMLP``: the digits MLP, whose loss is NaN on one rank at one training step;
 * ``python tests/dist_helpers.py allreduce OUT_DIR``: trains DDP models in two gloo processes
@@ -39,6 +41,22 @@ class DumpParams(CallbackMixin):
         os.makedirs(self.out_dir, exist_ok=True)
         state = {k: v.detach().clone() for k, v in _unwrap(model).state_dict().items()}
         torch.save(state, os.path.join(self.out_dir, f"params_rank{idist.get_rank()}.pt"))
+
+
+class ProcessIds(CallbackMixin):
+    """Write ``{"pid", "ppid", "world_size", "model"}`` of the process that trains, at loop begin,
+    to ``out_dir/process_rank{rank}.json``."""
+
+    def __init__(self, out_dir: str) -> None:
+        self.out_dir = out_dir
+
+    def on_loop_begin(self, model, **kwargs) -> None:
+        import ignite.distributed as idist
+
+        os.makedirs(self.out_dir, exist_ok=True)
+        with open(os.path.join(self.out_dir, f"process_rank{idist.get_rank()}.json"), "w") as f:
+            json.dump({"pid": os.getpid(), "ppid": os.getppid(), "world_size": idist.get_world_size(),
+                       "model": type(model).__name__}, f)
 
 
 class _OneBadStepMLP(MLPClassifier):

@@ -37,3 +37,29 @@ def test_quick_benchmark_prints_every_variant_row():
         assert f"| {command} |" in out
     rss = next(t for t in tables if t.startswith("peak RSS"))
     assert "| (b) bare Ignite Engine |" in rss and "| (c) Trainer, no callbacks |" in rss
+
+
+def test_quick_startup_benchmark_prints_every_figure_for_both_trees():
+    """bench/startup.py end to end, this tree against itself given as a directory (no git needed)."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "startup.py"), "--quick", "--before", str(ROOT)],
+        cwd=ROOT, capture_output=True, text=True, timeout=400,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    tables = proc.stdout.split("### ")
+    startup = next(t for t in tables if t.startswith("start-up"))
+    for row in ("`python -c 'import torch, ignite.engine'` (the floor)", "`hat-train CONFIG --help`",
+                "shipped config: time to the first step", "shipped config: CPU time to the first step over the floor's",
+                "shipped config: after the last step (loop end to exit)",
+                "one-process DDP stage: its step ran in the command's process (1 = yes)"):
+        line = next((ln for ln in startup.splitlines() if ln.startswith(f"| {row} |")), None)
+        assert line is not None, row
+        assert line.count("|") == 4 and line.count("[") == 2, line  # before and after: median [min..max]
+    in_process = next(ln for ln in startup.splitlines() if "its step ran in the command's process" in ln)
+    assert in_process.endswith("| 1.00 [1.00..1.00] | 1.00 [1.00..1.00] |")
+    for title in ("imports of `hat-train CONFIG --help`", "imports of the shipped config's run before its first step",
+                  "imports of the shipped config's run after its loop's end"):
+        table = next(t for t in tables if t.startswith(title))
+        assert "\n| all |" in table
+        if "before its first step" in title:
+            assert "| torch |" in table and "| of which modules `import torch, ignite.engine` does not import |" in table

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 import sys
 
 import pytest
@@ -123,3 +124,34 @@ def test_a_log_file_gets_a_line_per_epoch_with_loss_and_lr(run):
     log = (work_dir / "float_train.log").read_text()
     assert re.search(r"Epoch\[0\] last loss=\S+ lr=0\.09565 ", log)
     assert re.search(r"Epoch\[1\] last loss=\S+ lr=0\.1 ", log)
+
+
+# A Python where matplotlib cannot be imported, as where hat-ignite is installed without its
+# `curves` extra: the import system finds None for the name and raises ImportError.
+_NO_MATPLOTLIB = "import sys; sys.modules['matplotlib'] = None; from hat_ignite.cli.{} import main; sys.exit(main())"
+
+
+def test_without_matplotlib_hat_train_trains_and_one_line_names_the_extra(tmp_path):
+    work_dir = tmp_path / "wd"
+    proc = subprocess.run(
+        [sys.executable, "-c", _NO_MATPLOTLIB.format("train"), str(DIGITS_CONFIG), "--work-dir", str(work_dir),
+         "--opts", "float_trainer.num_epochs=1"], cwd=tmp_path, capture_output=True, text=True, timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [line for line in proc.stderr.splitlines() if "matplotlib is" in line or "hat-ignite[" in line]
+    assert len(lines) == 1 and lines[0].endswith(
+        f"no float_training_curves.png: matplotlib is not installed (pip install 'hat-ignite[curves]'); the "
+        f"TensorBoard event files in {work_dir / 'tensorboard'} hold the same values"), lines
+    assert (work_dir / "metrics.json").exists() and event_files(work_dir / "tensorboard")
+    assert not (work_dir / curves_file("float")).exists() and "Traceback" not in proc.stderr
+
+
+def test_without_matplotlib_hat_curves_is_an_error_naming_the_extra(run, tmp_path):
+    work_dir, _ = run
+    proc = subprocess.run([sys.executable, "-c", _NO_MATPLOTLIB.format("curves"), str(work_dir), "--out",
+                           str(tmp_path / "c.png")], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == ("hat-curves: error: drawing training curves needs matplotlib, which is not "
+                                   "installed: pip install 'hat-ignite[curves]'. (run again with --debug for the "
+                                   "traceback)")
+    assert not (tmp_path / "c.png").exists()

@@ -108,6 +108,23 @@ def test_two_processes_match_one_process_with_the_same_global_batch(two_process_
     assert json.loads((tmp / "work" / "metrics.json").read_text())["float_train"]["steps"] == 6
 
 
+@pytest.mark.parametrize("nproc", [[], ["--nproc", "1"]], ids=["default", "nproc1"])
+def test_a_one_process_ddp_stage_trains_in_the_hat_train_process(tmp_path, nproc):
+    """No second interpreter for a job of one process: the stage trains in hat-train's own process
+    (whose parent is this test), in a process group of one, with the DDP-wrapped model."""
+    cfg = write_config(tmp_path / "cfg.py", tmp_path / "out", batch_size=32, trainer="DistributedDataParallelTrainer")
+    cfg.write_text(cfg.read_text().replace(
+        "callbacks=[", f"callbacks=[dict(type='dist_helpers.ProcessIds', out_dir={str(tmp_path / 'out')!r}), ", 1))
+    proc = run([sys.executable, HAT_TRAIN, str(cfg), "--work-dir", str(tmp_path / "work"), *nproc], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    ids = json.loads((tmp_path / "out" / "process_rank0.json").read_text())
+    assert ids["ppid"] == os.getpid()  # hat-train itself trained: nothing was spawned
+    assert (ids["world_size"], ids["model"]) == (1, "DistributedDataParallel")
+    assert "Spawn function" not in proc.stdout + proc.stderr
+    assert json.loads((tmp_path / "work" / "metrics.json").read_text())["float_train"]["steps"] == 6
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["params_rank0.pt", "process_rank0.json"]
+
+
 def test_two_nodes_started_separately_train_together(two_process_run, tmp_path):
     tmp, _ = two_process_run
     cfg = write_config(tmp_path / "cfg.py", tmp_path / "out", batch_size=16, trainer="DistributedDataParallelTrainer")

@@ -1,4 +1,4 @@
-"""Float training of a small MLP on scikit-learn's 8x8 handwritten digits (real data, no download).
+"""Float training of a small MLP on the 8x8 handwritten digits shipped with hat-ignite (real data, no download).
 
 Train:    python bin/hat-train configs/classification/digits_mlp.py
 Predict:  python bin/hat-predict configs/classification/digits_mlp.py

@@ -1,4 +1,4 @@
-"""A small ResNet on scikit-learn's digits as 16x16 images: float -> calibration -> QAT -> int8.
+"""A small ResNet on the shipped 8x8 digits as 16x16 images: float -> calibration -> QAT -> int8.
 
 Written the way HAT configs are: stage dicts ``float_trainer``, ``calibration_trainer``,
 ``qat_trainer``, ``int_infer_predictor``, each stage's ``model_convert_pipeline`` loading the

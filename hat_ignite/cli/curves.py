@@ -8,6 +8,7 @@ With ``--stage``, only the
 files that ``hat-train`` stage wrote are read, into ``WORK_DIR/STAGE_training_curves.png``: the
 picture ``hat-train`` leaves at the end of each stage, which stays that stage's own when several
 stages write into one TensorBoard directory. See :mod:`hat_ignite.visualize.curves` for the panels.
+Drawing needs matplotlib, which ``pip install 'hat-ignite[curves]'`` installs.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ DESCRIPTION = """Draw a run's training curves (loss, learning rate, metrics) int
 
 WORK_DIR is the work dir of a run (or a TensorBoard save_dir, or one event file); the run must
 have had a TensorBoard callback. The PNG goes to WORK_DIR/training_curves.png (with --stage,
-WORK_DIR/STAGE_training_curves.png) unless --out is given."""
+WORK_DIR/STAGE_training_curves.png) unless --out is given. Needs matplotlib:
+pip install 'hat-ignite[curves]'."""
 
 
 def _boards(trainer: Any) -> list[Any]:
@@ -57,8 +59,9 @@ def write_run_curves(trainer: Any, work_dir: str, stage: str | None = None) -> s
     TensorBoard callback (those of ``stage``; ``training_curves.png`` and all files without one).
 
     Called by ``hat-train`` when a run ends (rank 0). A trainer without a ``TensorBoard``
-    callback has nothing to draw; a failure to draw (no event file, no matplotlib) is logged as
-    a warning. A failure to write the PNG (a full or read-only disk) is an error naming the file;
+    callback has nothing to draw. Without matplotlib (an optional dependency: the ``curves``
+    extra) one log line says so and names the extra; the event files hold the same values. A
+    failure to draw (no event file, corrupt data) is logged as a warning. A failure to write the PNG (a full or read-only disk) is an error naming the file;
     the PNG is drawn into a temporary file and renamed, so it is never left half written.
 
     Raises:
@@ -69,7 +72,8 @@ def write_run_curves(trainer: Any, work_dir: str, stage: str | None = None) -> s
     """
     import ignite.distributed as idist
 
-    from hat_ignite.visualize.curves import curves_file, draw_training_curves
+    from hat_ignite.errors import MissingExtraError
+    from hat_ignite.visualize.curves import curves_file, draw_training_curves, require_matplotlib
 
     if idist.get_rank() != 0:
         return None
@@ -77,6 +81,12 @@ def write_run_curves(trainer: Any, work_dir: str, stage: str | None = None) -> s
     boards = _boards(trainer)
     if not boards:
         logger.info("no TensorBoard callback in the trainer, so no %s", name)
+        return None
+    try:
+        require_matplotlib()
+    except MissingExtraError as exc:
+        logger.info("no %s: %s is not installed (pip install 'hat-ignite[%s]'); the TensorBoard event files in "
+                    "%s hold the same values", name, exc.package, exc.extra, boards[0].save_dir)
         return None
     path = os.path.join(work_dir, name)
     tmp = os.path.join(work_dir, f".tmp{os.getpid()}.{name}")  # written whole, then renamed

@@ -1,6 +1,6 @@
 """The digits as upsampled single-channel images, and a random-affine batch augmentation.
 
-:class:`DigitsImageDataset` gives scikit-learn's 8x8 digits resized (bilinear) to ``size x size``
+:class:`DigitsImageDataset` gives the shipped 8x8 digits resized (bilinear) to ``size x size``
 images ``[1, size, size]``, with :class:`~hat_ignite.data.digits.DigitsDataset`'s deterministic
 stratified split. :class:`RandomAffineBatch` augments a whole batch on its device (one random
 rotation, scale and shift per image), for a training batch processor's ``batch_transforms``.

@@ -5,7 +5,9 @@ All process management is Ignite's (``ignite.distributed.Parallel``) and torch.d
 * ``DistributedDataParallelTrainer``: one process per GPU of ``device_ids`` (NCCL), or
   ``num_processes`` CPU processes (gloo), on each of ``nnodes`` nodes. Started under
   ``torchrun`` (its ``RANK``/``WORLD_SIZE``/``MASTER_ADDR`` environment is present), the process
-  group is created from that environment and nothing is spawned.
+  group is created from that environment and nothing is spawned. A job of one process on one
+  node runs in this process too, in a process group of one: the same model wrapping and
+  collectives as a spawned rank, without the seconds a new interpreter takes to start.
 * ``Trainer`` / ``DataParallelTrainer`` (and anything else): the function runs in this process.
 
 HAT's snake-case names (``distributed_data_parallel_trainer``, ``data_parallel_trainer``) get the
@@ -73,12 +75,14 @@ def _trainer_type(trainer: Any) -> str:
     return str(kind).replace(":", ".").rsplit(".", 1)[-1]
 
 
-def _entry(local_rank: int, main_func: Callable, device_ids: Sequence[int] | None, args: tuple, kwargs: dict) -> None:
+def _entry(local_rank: int, main_func: Callable, device_ids: Sequence[int] | None, args: tuple, kwargs: dict,
+           share_cores: bool = True) -> None:
     """What each process runs: pick its device, then call ``main_func``.
 
-    CPU processes share the node's cores: unless ``OMP_NUM_THREADS`` says otherwise, each gets
-    ``cores // processes`` intra-op threads (torchrun's default is 1), so that the processes do
-    not oversubscribe the CPU.
+    CPU processes share the node's cores: unless ``OMP_NUM_THREADS`` says otherwise (or
+    ``share_cores`` is false: the job runs in the caller's process, whose setting stays), each
+    gets ``cores // processes`` intra-op threads (torchrun's default is 1), so that the
+    processes do not oversubscribe the CPU.
     """
     import ignite.distributed as idist
     import torch
@@ -87,7 +91,7 @@ def _entry(local_rank: int, main_func: Callable, device_ids: Sequence[int] | Non
     if device_ids:
         device = int(device_ids[local_rank])
         torch.cuda.set_device(device)
-    elif "OMP_NUM_THREADS" not in os.environ:
+    elif share_cores and "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // idist.get_nproc_per_node()))
     try:
         main_func(device, *args, **kwargs)
@@ -188,7 +192,13 @@ def launch_distributed(
 
     A process that raises ends the job: the others are stopped and the error (with that
     process's traceback) is raised here. Under ``torchrun`` the process group comes from its
-    environment and ``num_processes``/``nnodes``/``node_rank``/``master_*`` are ignored.
+    environment and ``num_processes``/``nnodes``/``node_rank``/``master_*`` are ignored. A job
+    of one process on one node runs ``main_func`` in this process (rank 0 of a group of one),
+    and its exception is raised here as it is.
+
+    >>> import torch.distributed as dist
+    >>> launch_distributed(lambda device, x: print(device, x, dist.get_world_size(), dist.get_backend()), args=(3,))
+    None 3 1 gloo
     """
     import ignite.distributed as idist
 
@@ -217,6 +227,9 @@ def launch_distributed(
             idist.finalize()
         return
     nproc = len(device_ids) if device_ids else int(num_processes or 1)
+    if nproc == 1 and nnodes == 1:
+        _run_in_this_process(backend, pg_timeout, master_addr, master_port, call_args)
+        return
     if nnodes > 1 and (master_addr is None or master_port is None):
         raise ValueError(
             f"launch_distributed: a {nnodes}-node run needs master_addr and master_port (node 0's "
@@ -229,6 +242,36 @@ def launch_distributed(
         master_addr=master_addr or "127.0.0.1", master_port=int(master_port), timeout=pg_timeout,
     ) as parallel:
         parallel.run(_entry, *call_args)
+
+
+def _run_in_this_process(
+    backend: str, timeout: datetime.timedelta, master_addr: str | None, master_port: int | None, call_args: tuple,
+) -> None:
+    """A one-process job: this process is rank 0 of a process group of one, as a spawned rank would be.
+
+    The environment a spawned rank gets (``RANK=0``, ``LOCAL_RANK=0``, ``WORLD_SIZE=1``,
+    ``MASTER_ADDR``/``MASTER_PORT``) is set for the run and restored afterwards, as is the
+    process's intra-op thread count (left as it is).
+    """
+    import ignite.distributed as idist
+
+    rank_env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": master_addr or "127.0.0.1",
+                "MASTER_PORT": str(master_port or free_port())}
+    saved = {key: os.environ.get(key) for key in rank_env}
+    os.environ.update(rank_env)
+    try:
+        idist.initialize(backend, timeout=timeout)
+        try:
+            main_func, device_ids, args, kwargs = call_args
+            _entry(0, main_func, device_ids, args, kwargs, share_cores=False)
+        finally:
+            idist.finalize()
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def launch_local(

@@ -14,12 +14,19 @@ imported when a metric is first updated, not when this package is imported.
 [('accuracy', 0.5), ('loss', 0.25)]
 """
 
-from hat_ignite.metrics.average_precision import MeanAveragePrecision
-from hat_ignite.metrics.base import EvalMetric, iter_metrics, metric_name_values, reset_metrics
-from hat_ignite.metrics.classification import Accuracy, TopKAccuracy
-from hat_ignite.metrics.interop import MetricAdapter
-from hat_ignite.metrics.loss import LossShow
-from hat_ignite.metrics.segmentation import MeanIOU, MeanIoU
+from typing import TYPE_CHECKING
+
+from hat_ignite.lazy import lazy_attributes
+
+# each name is imported from its module when first used (hat_ignite.lazy)
+_EXPORTS = {
+    "hat_ignite.metrics.average_precision": ["MeanAveragePrecision"],
+    "hat_ignite.metrics.base": ["EvalMetric", "iter_metrics", "metric_name_values", "reset_metrics"],
+    "hat_ignite.metrics.classification": ["Accuracy", "TopKAccuracy"],
+    "hat_ignite.metrics.interop": ["MetricAdapter"],
+    "hat_ignite.metrics.loss": ["LossShow"],
+    "hat_ignite.metrics.segmentation": ["MeanIOU", "MeanIoU"],
+}
 
 __all__ = [
     "EvalMetric",
@@ -34,3 +41,13 @@ __all__ = [
     "metric_name_values",
     "reset_metrics",
 ]
+
+__getattr__, __dir__ = lazy_attributes(__name__, _EXPORTS)
+
+if TYPE_CHECKING:  # what type checkers and IDEs see
+    from hat_ignite.metrics.average_precision import MeanAveragePrecision
+    from hat_ignite.metrics.base import EvalMetric, iter_metrics, metric_name_values, reset_metrics
+    from hat_ignite.metrics.classification import Accuracy, TopKAccuracy
+    from hat_ignite.metrics.interop import MetricAdapter
+    from hat_ignite.metrics.loss import LossShow
+    from hat_ignite.metrics.segmentation import MeanIOU, MeanIoU

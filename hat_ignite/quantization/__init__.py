@@ -5,18 +5,21 @@
 See ``docs/quantization.md``.
 """
 
-from hat_ignite.quantization.converters import (
-    Calibration2QAT,
-    Calibration2Quantize,
-    Float2Calibration,
-    Float2QAT,
-    QAT2Quantize,
-    default_quantizer,
-)
-from hat_ignite.quantization.io import file_sha256, load_quantized_model, save_quantized_model, tensor_bytes
-from hat_ignite.quantization.pipeline import ModelConvertPipeline
-from hat_ignite.quantization.prepared import STAGES, PreparedModule, observing, prepared_modules
-from hat_ignite.quantization.qconfig import CONVERT_MODES, QAT_MODES, parse_qconfig_params
+from typing import TYPE_CHECKING
+
+from hat_ignite.lazy import lazy_attributes
+
+# each name is imported from its module when first used (hat_ignite.lazy)
+_EXPORTS = {
+    "hat_ignite.quantization.converters": [
+        "Calibration2QAT", "Calibration2Quantize", "Float2Calibration", "Float2QAT", "QAT2Quantize",
+        "default_quantizer",
+    ],
+    "hat_ignite.quantization.io": ["file_sha256", "load_quantized_model", "save_quantized_model", "tensor_bytes"],
+    "hat_ignite.quantization.pipeline": ["ModelConvertPipeline"],
+    "hat_ignite.quantization.prepared": ["STAGES", "PreparedModule", "observing", "prepared_modules"],
+    "hat_ignite.quantization.qconfig": ["CONVERT_MODES", "QAT_MODES", "parse_qconfig_params"],
+}
 
 __all__ = [
     "ModelConvertPipeline",
@@ -38,3 +41,19 @@ __all__ = [
     "CONVERT_MODES",
     "parse_qconfig_params",
 ]
+
+__getattr__, __dir__ = lazy_attributes(__name__, _EXPORTS)
+
+if TYPE_CHECKING:  # what type checkers and IDEs see
+    from hat_ignite.quantization.converters import (
+        Calibration2QAT,
+        Calibration2Quantize,
+        Float2Calibration,
+        Float2QAT,
+        QAT2Quantize,
+        default_quantizer,
+    )
+    from hat_ignite.quantization.io import file_sha256, load_quantized_model, save_quantized_model, tensor_bytes
+    from hat_ignite.quantization.pipeline import ModelConvertPipeline
+    from hat_ignite.quantization.prepared import STAGES, PreparedModule, observing, prepared_modules
+    from hat_ignite.quantization.qconfig import CONVERT_MODES, QAT_MODES, parse_qconfig_params

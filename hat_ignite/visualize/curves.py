@@ -26,6 +26,7 @@ import math
 import os
 from typing import Any, NamedTuple, Union
 
+from hat_ignite.errors import MissingExtraError
 from hat_ignite.visualize.event_file import (
     Scalars,
     event_files,
@@ -35,7 +36,10 @@ from hat_ignite.visualize.event_file import (
     stage_suffix,
 )
 
-__all__ = ["CURVES_FILE", "Panel", "Curves", "curves_file", "panels_of", "plot_scalars", "draw_training_curves"]
+__all__ = [
+    "CURVES_FILE", "Panel", "Curves", "curves_file", "panels_of", "plot_scalars", "draw_training_curves",
+    "require_matplotlib",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -110,6 +114,24 @@ def panels_of(tags: Any) -> list[Panel]:
     return panels
 
 
+def require_matplotlib() -> None:
+    """Raise :class:`~hat_ignite.errors.MissingExtraError` naming the ``curves`` extra when
+    matplotlib is not installed (it is an optional dependency of hat-ignite)."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        raise MissingExtraError("matplotlib", "curves", "drawing training curves")
+
+
+def _matplotlib() -> tuple[Any, Any]:
+    """matplotlib's Agg canvas and ``Figure`` classes."""
+    require_matplotlib()
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    return FigureCanvasAgg, Figure
+
+
 def plot_scalars(scalars: Scalars, path: PathLike, title: str = "") -> list[Panel]:
     """Draw ``scalars`` (``{tag: [(step, value), ...]}``) as panels into the PNG ``path``.
 
@@ -121,6 +143,7 @@ def plot_scalars(scalars: Scalars, path: PathLike, title: str = "") -> list[Pane
 
     Raises:
         ValueError: ``scalars`` has no loss, learning-rate or metric series.
+        MissingExtraError: matplotlib is not installed (``pip install 'hat-ignite[curves]'``).
     """
     panels = panels_of(tag for tag, points in scalars.items() if points)
     if not panels:
@@ -128,9 +151,7 @@ def plot_scalars(scalars: Scalars, path: PathLike, title: str = "") -> list[Pane
             f"nothing to draw: the scalars hold no loss/, lr/, train/ or val/ series (tags: "
             f"{sorted(scalars) or 'none'}). They are written by the TensorBoard callback."
         )
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
+    FigureCanvasAgg, Figure = _matplotlib()
     ncols = min(3, len(panels))
     nrows = math.ceil(len(panels) / ncols)
     fig = Figure(figsize=(5.0 * ncols, 3.6 * nrows), dpi=100, layout="constrained")
@@ -224,7 +245,9 @@ def draw_training_curves(
     Raises:
         FileNotFoundError: ``source`` does not exist or holds no event file.
         ValueError: the event files hold nothing to draw, or are corrupt.
+        MissingExtraError: matplotlib is not installed (``pip install 'hat-ignite[curves]'``).
     """
+    require_matplotlib()  # before reading any file
     source = os.path.abspath(os.fspath(source))
     events = _event_source(source, stage)
     if stage is None and os.path.isdir(events):
