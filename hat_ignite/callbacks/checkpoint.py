@@ -25,7 +25,6 @@ the step it was reached at; a run that resumes from it first brings ``last`` and
 from __future__ import annotations
 
 import logging
-import math
 import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Sequence
@@ -35,6 +34,7 @@ import torch
 
 from hat_ignite.callbacks.base import CallbackMixin
 from hat_ignite.callbacks.checkpoint_keywords import KeywordsLoop
+from hat_ignite.callbacks.checkpoint_best import BestMetricMixin
 from hat_ignite.callbacks.checkpoint_io import (
     HASH_KEY,
     PathLike,
@@ -49,13 +49,12 @@ from hat_ignite.callbacks.checkpoint_files import (
     latest_valid_checkpoint,
     list_checkpoints,
     resume_marks,
-    scan_checkpoints,
     weights_finite,
 )
 from hat_ignite.callbacks.checkpoint_lag import LateMetricWatch
-from hat_ignite.callbacks.checkpoint_monitor import metric_names, missing_key_hint, monitored_value
 from hat_ignite.callbacks.checkpoint_payload import training_state, unwrap_model
 from hat_ignite.callbacks.checkpoint_reconcile import reconcile
+from hat_ignite.callbacks.checkpoint_rotation import rotate
 from hat_ignite.errors import CheckpointError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -69,7 +68,7 @@ _MODES = ("max", "min")
 _KINDS = ("epoch", "step")
 
 
-class Checkpoint(CallbackMixin):
+class Checkpoint(BestMetricMixin, CallbackMixin):
     """Save checkpoints during training, so training can resume or be evaluated later.
 
     Args:
@@ -353,7 +352,7 @@ class Checkpoint(CallbackMixin):
             )
         best = f" (new best {self.monitor_metric_key or 'metric'}={self.best:.6g})" if is_best else ""
         logger.info("Saved checkpoint %s%s.", path, best)
-        self._rotate(kind, number, path)
+        rotate(self.save_dir, self.name_prefix, kind, number, path, self.keep_n, self._keep_reason)
         return path
 
     def _training_state(self, loop: LoopBase, epoch_id: int, global_step_id: int) -> dict[str, Any]:
@@ -386,29 +385,6 @@ class Checkpoint(CallbackMixin):
         best = dict(payload, state_dict=ema, ema_state_dict=None)
         atomic_save(with_content_hash(best), self.best_path)
 
-    def _rotate(self, kind: str, number: int, keep: str) -> None:
-        """Delete files this save point supersedes: same-number files with another hash, and,
-        with ``keep_n``, the oldest files up to this one (newer files of an abandoned run stay)."""
-        entries = [(n, p) for k, n, p in scan_checkpoints(self.save_dir, self.name_prefix) if k == kind and n <= number]
-        doomed = [p for n, p in entries if n == number and p != keep]
-        same = len(doomed)
-        if self.keep_n is not None:
-            older = sorted({n for n, _ in entries if n < number})
-            dropped = set(older[: max(len(older) - (self.keep_n - 1), 0)])
-            doomed += [p for n, p in entries if n in dropped]
-        for p in doomed:
-            reason = self._keep_reason(kind, p)
-            if reason:
-                logger.info("Rotation keeps %s: %s.", p, reason)
-                continue
-            try:
-                os.remove(p)
-            except OSError as exc:
-                logger.warning("Could not remove old checkpoint %s: %s", p, exc)
-            else:
-                why = f"keep_n={self.keep_n}" if p not in doomed[:same] else "superseded by the file of the same number"
-                logger.info("Removed old checkpoint %s (%s).", p, why)
-
     def _keep_reason(self, kind: str, path: str) -> str | None:
         """Why rotation must not delete ``path`` (``None``: it may)."""
         if path == self._last_finite:
@@ -418,49 +394,6 @@ class Checkpoint(CallbackMixin):
             return "the run resumed from it" if match.group(2) in self._resumed_hashes else None
         number = checkpoint_number(os.path.basename(path))
         return "the run resumed from it" if (kind, number) in self._resumed_numbers else None
-
-    # -- best metric ---------------------------------------------------------------------------
-    def _update_best(self, storage: Any, val_metrics: Any, engine_metrics: Any = None, quiet: bool = False) -> bool:
-        """Whether the monitored value is a new best (then kept); ``quiet``: no warning when it is missing."""
-        if self.mode is None:
-            return False
-        if self._lag is not None:
-            self._lag.note_read(storage, engine_metrics)
-        value = monitored_value(self.monitor_metric_key, self.best_refer_metric, storage, val_metrics,
-                                engine_metrics)
-        if value is None and quiet:
-            return False
-        if value is None:
-            names = metric_names(storage, engine_metrics)
-            if not self._warned_missing or (names and not self._missing_names):
-                logger.warning(
-                    "Checkpoint: no value for the monitored metric %r yet (not in storage, state.metrics, "
-                    "best_refer_metric or val_metrics); best checkpoint not updated.%s", self.monitor_metric_key,
-                    missing_key_hint(self.monitor_metric_key, names),
-                )
-                self._warned_missing = True
-            self._missing_names = names or self._missing_names
-            return False
-        if math.isnan(value):
-            return False
-        better = self.best is None or (value > self.best if self.mode == "max" else value < self.best)
-        if better:
-            self.best = value
-        return better
-
-    def _check_best_written(self) -> None:
-        """At the loop's end: a monitored key that no result of the run ever had is an error.
-
-        The results had other names (so validation ran), yet no ``best`` was written: the key is
-        misspelt, and the next stage, which loads ``best``, could not start.
-        """
-        if self.mode is None or self.best is not None or not self._missing_names:
-            return
-        raise ValueError(
-            f"Checkpoint(monitor_metric_key={self.monitor_metric_key!r}): no result of this run had that "
-            f"key, so no best checkpoint was written.{missing_key_hint(self.monitor_metric_key, self._missing_names)} "
-            f"Fix monitor_metric_key and train again; this run's checkpoints (and {self.last_path}) are kept."
-        )
 
     # -- state ---------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -33,6 +33,8 @@ from hat_ignite.engine.event_registry import HatEventsMixin, quiet_ignite_messag
 from hat_ignite.engine.events import HatEvents
 from hat_ignite.engine.ignite_entries import attach_entry, bare_handler_error, is_handler_entry
 from hat_ignite.engine.outputs import note_model_outputs, state_output_function
+from hat_ignite.engine.loop_args import as_metric_list, build_if_config, resolve_device
+from hat_ignite.engine.loop_run import LoopRunMixin
 from hat_ignite.engine.resumable import ResumableLoopMixin
 from hat_ignite.engine.state import HatState
 
@@ -43,65 +45,7 @@ logger = logging.getLogger(__name__)
 _STOP_BY = ("epoch", "step")
 
 
-def _as_list(obj: Any) -> Any:
-    """``obj`` as HAT's loop stores metrics: a list or tuple as is, a set as a list, else ``[obj]``.
-
-    A dict of metrics (``{"acc": Accuracy()}``, which HAT would wrap as ``[dict]``) is kept as is,
-    so callbacks can still look metrics up by name.
-
-    >>> _as_list(None), _as_list("m"), _as_list(["a", "b"]), _as_list({"acc": "m"})
-    ([None], ['m'], ['a', 'b'], {'acc': 'm'})
-    """
-    if isinstance(obj, (list, tuple, dict)):
-        return obj
-    return list(obj) if isinstance(obj, set) else [obj]
-
-
-def build_if_config(obj: Any, key: str, **default_args: Any) -> Any:
-    """Build ``obj`` through the registry when it is a config dict (has a ``type`` key).
-
-    Args:
-        obj: an object, or a config dict such as ``{"type": "torch.optim.SGD", "lr": 0.1}``.
-        key: the argument's name, used in error messages as the key path.
-        default_args: arguments passed to the constructor when the config does not set them.
-
-    Returns:
-        ``obj`` itself when it is not a config dict, else the built object.
-    """
-    if isinstance(obj, dict) and "type" in obj:
-        from hat_ignite.registry import build_from_cfg  # configs are optional: import on use
-
-        return build_from_cfg(obj, key_path=key, default_args=default_args or None)
-    if isinstance(obj, (list, tuple)) and any(isinstance(o, dict) and "type" in o for o in obj):
-        return type(obj)(build_if_config(o, f"{key}[{i}]", **default_args) for i, o in enumerate(obj))
-    return obj
-
-
-def resolve_device(device: int | str | torch.device | None) -> torch.device:
-    """Turn HAT's ``device`` argument into a :class:`torch.device`.
-
-    ``None`` is the CPU and an int is a CUDA device id, as in HAT.
-
-    >>> resolve_device(None)
-    device(type='cpu')
-    >>> resolve_device("cpu")
-    device(type='cpu')
-    """
-    if device is None:
-        return torch.device("cpu")
-    if isinstance(device, bool):
-        raise TypeError(f"device must be None (CPU) or an int GPU id, got {device!r}.")
-    if isinstance(device, int):
-        if not torch.cuda.is_available():
-            raise RuntimeError(
-                f"device={device} asks for CUDA device {device}, but this torch has no usable CUDA "
-                f"(torch {torch.__version__}). Use device=None to run on the CPU."
-            )
-        return torch.device("cuda", device)
-    return torch.device(device)
-
-
-class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
+class LoopBase(LoopRunMixin, ResumableLoopMixin, HatEventsMixin, Engine):
     """The data flow from ``data_loader`` through the batch processor, with HAT's callbacks.
 
     A ``LoopBase`` is an Ignite ``Engine``: attach any Ignite handler with ``on()`` /
@@ -284,8 +228,8 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
         self.start_epoch = start_epoch or 0
         self.num_steps = num_steps
         self.start_step = start_step or 0
-        self.train_metrics = _as_list(build_if_config(train_metrics, "train_metrics"))
-        self.val_metrics = _as_list(build_if_config(val_metrics, "val_metrics"))
+        self.train_metrics = as_metric_list(build_if_config(train_metrics, "train_metrics"))
+        self.val_metrics = as_metric_list(build_if_config(val_metrics, "val_metrics"))
         if profiler is not None:
             from hat_ignite.profiler import build_profiler  # only runs that profile import it
 
@@ -380,81 +324,6 @@ class LoopBase(ResumableLoopMixin, HatEventsMixin, Engine):
             f"model_convert_pipeline and the loop begin/end hooks (SaveTraced, Checkpoint ...), or give "
             f"the {missing}."
         )
-
-    # -- running ---------------------------------------------------------------------------
-    def _position(self, iteration: int, length: int, limit: dict[str, Any]) -> None:
-        """Set Ignite's counters to ``iteration`` (a resume point or ``start_epoch``/``start_step``).
-
-        Ignite's ``load_state_dict`` also asks for every ``state_dict_user_keys`` entry; this is
-        no load of a user's state (those attributes stay on ``state`` as they are), so the keys
-        are set aside for the call.
-        """
-        user_keys = self.state_dict_user_keys
-        kept = list(user_keys)
-        user_keys.clear()
-        try:
-            Engine.load_state_dict(self, {"iteration": iteration, "epoch_length": length, **limit})
-        finally:
-            user_keys.extend(kept)
-
-    def _run_positioned(self, length: int, iteration: int) -> None:
-        """Run from ``iteration`` with the limit :meth:`_position` set.
-
-        A ``stop_by="step"`` run is Ignite's ``max_iters`` mode, where Ignite leaves
-        ``state.max_epochs`` ``None``; for the run's length it is the number of epochs the steps
-        reach, ``ceil(num_steps / len(data_loader))``, so that handlers reading it (Ignite's
-        ``BasicTimeProfiler`` sizes its tables by it) work. It is ``None`` again once ``run()``
-        returns, so that Ignite's ``run(max_iters=...)`` may follow.
-        """
-        by_step = self.stop_by == "step" and self.state.max_iters is not None
-        if by_step:
-            self.state.max_epochs = -(-self.state.max_iters // length)
-        try:
-            self.run(self._make_data(length, iteration))
-        finally:
-            if by_step:
-                self.state.max_epochs = None
-
-    def _nothing_to_run(self, start_epoch: int | None = None, start_step: int | None = None) -> bool:
-        start_epoch = self.start_epoch if start_epoch is None else start_epoch
-        start_step = self.start_step if start_step is None else start_step
-        if self.stop_by == "epoch":
-            assert self.num_epochs is not None  # __init__ requires num_epochs with stop_by='epoch'
-            if start_step and not start_epoch:  # a restored iteration
-                length = loader_length(self.data_loader)
-                return self.num_epochs == 0 or bool(length) and start_step >= self.num_epochs * (length or 0)
-            return self.num_epochs == 0 or start_epoch >= self.num_epochs
-        assert self.num_steps is not None  # __init__ requires num_steps with stop_by='step'
-        return self.num_steps == 0 or start_step >= self.num_steps
-
-    def run(
-        self, data: Iterable | None = None, max_epochs: int | None = None, max_iters: int | None = None,
-        epoch_length: int | None = None,
-    ) -> Any:
-        """Ignite's ``run``; a new run without ``max_epochs`` / ``max_iters`` runs the loop's own
-        ``num_epochs`` (``stop_by="epoch"``) or ``num_steps`` (``stop_by="step"``), not Ignite's one epoch.
-
-        ``run(data)`` skips what :meth:`fit` does first (resumers, ``start_epoch`` /
-        ``start_step``); HAT's hooks fire as in :meth:`fit`.
-        """
-        state = self.state
-        done = (state.max_iters is not None and state.iteration >= state.max_iters) or (
-            state.max_epochs is not None and (state.epoch >= state.max_epochs or (
-                state.epoch_length is not None and state.iteration >= state.epoch_length * state.max_epochs))
-        )  # as Ignite's run() decides it
-        new_run = (state.max_epochs is None and state.max_iters is None) or (
-            done and self._internal_run_generator is None
-        )
-        if max_epochs is None and max_iters is None and new_run:
-            if self.stop_by == "epoch" and self.num_epochs:
-                max_epochs = self.num_epochs
-            elif self.stop_by == "step" and self.num_steps:
-                max_iters = self.num_steps
-        try:
-            return super().run(data, max_epochs=max_epochs, max_iters=max_iters, epoch_length=epoch_length)
-        except Exception as exc:
-            note_model_outputs(self, exc)
-            raise
 
     def fit(self) -> HatState:
         """Run the loop until ``num_epochs`` epochs or ``num_steps`` steps are done.
