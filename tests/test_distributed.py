@@ -269,6 +269,17 @@ def test_build_launcher_takes_hats_snake_case_types_and_its_call():
     assert build_launcher({"type": "HatStyleTestTrainer"}) is launch_local
 
 
+def test_build_launcher_refuses_the_trainers_hat_ignite_does_not_provide_by_name():
+    from hat_ignite.engine.launcher import build_launcher
+    from hat_ignite.errors import ConfigError
+
+    # before: these got the one-process launcher, whose refusal of 2 processes never named DeepSpeed
+    with pytest.raises(ConfigError, match="'deepspeed_trainer' is a HAT trainer .* DeepSpeed is not supported"):
+        build_launcher({"type": "deepspeed_trainer"})
+    with pytest.raises(ConfigError, match="NVIDIA Apex is not supported"):
+        build_launcher("ApexDistributedDataParallelTrainer")
+
+
 def test_hat_serves_its_launch_functions():
     from hat_ignite.engine import launcher
     from hat_ignite.hat_alias import hat_alias_installed, install_hat_alias, uninstall_hat_alias

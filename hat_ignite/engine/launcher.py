@@ -29,6 +29,8 @@ import socket
 import time
 from typing import Any, Callable, Mapping, Sequence
 
+from hat_ignite.errors import ConfigError
+
 __all__ = [
     "build_launcher", "register_launcher", "launch_distributed", "launch_local", "launch_data_parallel", "is_torchrun", "free_port",
     "DDP_TRAINERS", "DP_TRAINERS",
@@ -372,6 +374,11 @@ def build_launcher(trainer: Mapping[str, Any] | str | type) -> Callable[..., Non
     kind = _trainer_type(trainer)
     if kind in _REGISTERED:
         return _REGISTERED[kind]
+    from hat_ignite.builtin_names import NOT_PROVIDED  # a table of strings: imports nothing else
+
+    if kind in NOT_PROVIDED and kind.lower().endswith("trainer"):
+        raise ConfigError(f"build_launcher: {kind!r} is a HAT trainer hat-ignite does not provide: "
+                          f"{NOT_PROVIDED[kind]}.")
     if kind in DDP_TRAINERS:
         return launch_distributed
     if kind in DP_TRAINERS:
