@@ -156,6 +156,29 @@ def test_an_evaluator_added_after_hat_checkpoint_is_a_warning(tmp_path, caplog):
     assert "validation.evaluator" in warnings[0]
 
 
+@pytest.mark.parametrize("listed", [True, False])
+def test_hat_tensorboard_writes_an_evaluators_value_of_the_same_epoch_or_warns(tmp_path, caplog, listed):
+    from hat_ignite.callbacks import TensorBoard
+
+    model = make_model()
+    run_evaluator = evaluator_into_trainer_metrics(model)
+    tensorboard = TensorBoard(str(tmp_path), update_by="epoch")  # a point at each epoch end
+    listing = [dict(handler=run_evaluator, event="EPOCH_COMPLETED")] if listed else []
+    trainer = make_trainer(num_epochs=3, model=model, callbacks=[*listing, tensorboard])
+    if not listed:
+        trainer.add_event_handler(Events.EPOCH_COMPLETED, run_evaluator)
+    with caplog.at_level(logging.WARNING):
+        trainer.fit()
+    written = [value for _, value in read_scalars(event_files(tmp_path)[0])["metrics/accuracy"]]
+    warnings = [r.getMessage() for r in caplog.records if "one epoch late" in r.getMessage()]
+    if listed:  # run among the HAT hooks in list order: each epoch's own value
+        assert written == pytest.approx(ACCURACIES[:3]) and warnings == []
+    else:  # Ignite runs it after the HAT hooks: the previous epoch's value, and one warning
+        assert written == pytest.approx(ACCURACIES[:2])
+        assert len(warnings) == 1 and "TensorBoard" in warnings[0] and "'accuracy'" in warnings[0]
+        assert "dict(handler=..., event='EPOCH_COMPLETED')" in warnings[0]
+
+
 # -- 3. state.output and run() -----------------------------------------------------------------
 class KeepModelOuts(CallbackMixin):
     def __init__(self):

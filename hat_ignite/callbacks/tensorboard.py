@@ -60,6 +60,7 @@ import ignite.distributed as idist
 import torch
 
 from hat_ignite.callbacks.base import CallbackMixin
+from hat_ignite.callbacks.late_metrics import LateMetricsWatch
 from hat_ignite.callbacks.tensorboard_history import prepare_save_dir, resume_step_of, write_purge_marker
 from hat_ignite.callbacks.tensorboard_scalars import StepScalars, summary_writer
 from hat_ignite.callbacks.tensorboard_values import call_style, loss_scalars, scalar_number
@@ -168,6 +169,7 @@ class TensorBoard(CallbackMixin):
         self._writing = False  # a loop runs and this process writes (rank 0)
         self._writer: Any = None  # the tensorboardX SummaryWriter, made on first use
         self._seen: dict[str, Any] = {}  # the storage records already written, by key
+        self._late = LateMetricsWatch("TensorBoard")  # warns when state.metrics changed after its write
         self._epoch_sums: dict[str, torch.Tensor] = {}
         self._epoch_counts: dict[str, int] = {}
         self._last_outs: Any = None
@@ -227,8 +229,11 @@ class TensorBoard(CallbackMixin):
         pairs = metric_name_values(train_metrics) if train_metrics is not None else []
         if not self._writing:
             return
-        for name, value in (getattr(getattr(loop, "state", None), "metrics", None) or {}).items():
+        engine_metrics = getattr(getattr(loop, "state", None), "metrics", None) or {}
+        for name, value in engine_metrics.items():
             self._scalar(f"metrics/{name}", value, step)
+        if self.update_by == "epoch":
+            self._late.note_read(engine_metrics)
         for i, group in enumerate(getattr(optimizer, "param_groups", None) or []):
             self._scalar(f"lr/group_{i}", group.get("lr"), step)
         for name, value in pairs:
@@ -292,6 +297,7 @@ class TensorBoard(CallbackMixin):
         self._seen = {key: storage.get(key) for key in (_VALIDATION_KEY, _STATS_KEY)}
         if idist.get_rank() == 0:
             self._open(resume_step_of(loop))
+            self._late.start(loop)
 
     def on_epoch_begin(self, **kwargs: Any) -> None:
         self._epoch_sums, self._epoch_counts, self._last_outs = {}, {}, None
@@ -389,6 +395,7 @@ class TensorBoard(CallbackMixin):
             self._writer.flush()
 
     def on_loop_end(self, storage: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        self._late.stop()
         self._write_records({} if storage is None else storage)
         self.close()
 
