@@ -51,10 +51,10 @@ from hat_ignite.callbacks.checkpoint_files import (
     resume_marks,
     weights_finite,
 )
-from hat_ignite.callbacks.checkpoint_lag import LateMetricWatch
 from hat_ignite.callbacks.checkpoint_payload import training_state, unwrap_model
 from hat_ignite.callbacks.checkpoint_reconcile import reconcile
 from hat_ignite.callbacks.checkpoint_rotation import rotate
+from hat_ignite.callbacks.late_metrics import LateMetricsWatch
 from hat_ignite.errors import CheckpointError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -164,9 +164,12 @@ class Checkpoint(BestMetricMixin, CallbackMixin):
         self._resumed_hashes: set[str] = set()
         self._resumed_numbers: set[tuple[str, int]] = set()
         self._last_finite: str | None = None
-        #: Warns when the monitored value in ``state.metrics`` was set after the read (see checkpoint_lag).
-        watched = mode is not None and best_refer_metric is None
-        self._lag = LateMetricWatch(monitor_metric_key) if watched and monitor_metric_key else None
+        #: Warns when the monitored value in ``state.metrics`` was set after the read (see late_metrics).
+        watched = mode is not None and best_refer_metric is None and bool(monitor_metric_key)
+        self._lag = LateMetricsWatch(
+            f"Checkpoint(monitor_metric_key={monitor_metric_key!r})", "the best checkpoint follows the previous "
+            "epoch's value", key=monitor_metric_key, logger=logger,
+        ) if watched else None
 
     # -- file names ---------------------------------------------------------------------------
     def _path(self, name: str) -> str:
@@ -199,7 +202,7 @@ class Checkpoint(BestMetricMixin, CallbackMixin):
         self._warned_missing = False
         self._missing_names = []
         self._last_finite = None
-        if self._lag is not None and self.interval_by == "epoch" and callable(getattr(loop, "add_event_handler", None)):
+        if self._lag is not None and self.interval_by == "epoch":
             self._lag.start(loop)
         resumed = getattr(loop, "checkpoint", None)
         self._resumed_hashes, self._resumed_numbers = resume_marks(resumed)

@@ -10,8 +10,8 @@ import logging
 import math
 from typing import TYPE_CHECKING, Any
 
-from hat_ignite.callbacks.checkpoint_lag import LateMetricWatch
 from hat_ignite.callbacks.checkpoint_monitor import metric_names, missing_key_hint, monitored_value
+from hat_ignite.callbacks.late_metrics import LateMetricsWatch
 
 __all__ = ["BestMetricMixin"]
 
@@ -25,7 +25,7 @@ class BestMetricMixin:
     monitor_metric_key: str | None
     best_refer_metric: Any
     best: float | None
-    _lag: LateMetricWatch | None
+    _lag: LateMetricsWatch | None
     _warned_missing: bool
     _missing_names: list[str]
 
@@ -39,7 +39,7 @@ class BestMetricMixin:
         if self.mode is None:
             return False
         if self._lag is not None:
-            self._lag.note_read(storage, engine_metrics)
+            self._lag.note_read(engine_metrics, storage)
         value = monitored_value(self.monitor_metric_key, self.best_refer_metric, storage, val_metrics,
                                 engine_metrics)
         if value is None and quiet:

@@ -169,7 +169,8 @@ class TensorBoard(CallbackMixin):
         self._writing = False  # a loop runs and this process writes (rank 0)
         self._writer: Any = None  # the tensorboardX SummaryWriter, made on first use
         self._seen: dict[str, Any] = {}  # the storage records already written, by key
-        self._late = LateMetricsWatch("TensorBoard")  # warns when state.metrics changed after its write
+        #: Warns when ``state.metrics`` values changed after an epoch-wise write (see late_metrics).
+        self._late = LateMetricsWatch("TensorBoard", "TensorBoard writes them one epoch late", logger=logger)
         self._epoch_sums: dict[str, torch.Tensor] = {}
         self._epoch_counts: dict[str, int] = {}
         self._last_outs: Any = None
