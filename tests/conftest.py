@@ -15,6 +15,20 @@ DIGITS_CONFIG = ROOT / "configs" / "classification" / "digits_mlp.py"
 
 
 @pytest.fixture
+def hat_alias():
+    """The ``hat`` alias installed afresh for one test (every virtual module new); afterwards it is
+    removed, and installed again if it was installed before the test."""
+    from hat_ignite.hat_alias import hat_alias_installed, install_hat_alias, uninstall_hat_alias
+
+    installed_before = hat_alias_installed()
+    uninstall_hat_alias()
+    yield install_hat_alias()
+    uninstall_hat_alias()
+    if installed_before:
+        install_hat_alias()
+
+
+@pytest.fixture
 def write_config(tmp_path: pathlib.Path) -> Callable[..., pathlib.Path]:
     """``write_config(source, name="cfg.py")`` writes a dedented config file and returns its path."""
 

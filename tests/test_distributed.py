@@ -280,18 +280,12 @@ def test_build_launcher_refuses_the_trainers_hat_ignite_does_not_provide_by_name
         build_launcher("ApexDistributedDataParallelTrainer")
 
 
-def test_hat_serves_its_launch_functions():
-    from hat_ignite.engine import launcher
-    from hat_ignite.hat_alias import hat_alias_installed, install_hat_alias, uninstall_hat_alias
+def test_hat_serves_its_launch_functions(hat_alias):
+    from hat.engine.ddp_trainer import launch as ddp_launch
+    from hat.engine.dp_trainer import launch as dp_launch
+    from hat.engine.launcher import build_launcher, register_launcher
 
-    installed_before = hat_alias_installed()
-    install_hat_alias()
-    try:
-        from hat.engine.ddp_trainer import launch as ddp_launch
-        from hat.engine.dp_trainer import launch as dp_launch
-        from hat.engine.launcher import build_launcher, register_launcher
-    finally:
-        if not installed_before:
-            uninstall_hat_alias()
+    from hat_ignite.engine import launcher
+
     assert (ddp_launch, dp_launch) == (launcher.launch_distributed, launcher.launch_data_parallel)
     assert (build_launcher, register_launcher) == (launcher.build_launcher, launcher.register_launcher)

@@ -12,15 +12,6 @@ from conftest import ROOT
 from hat_ignite.hat_alias import hat_alias_installed, install_hat_alias, uninstall_hat_alias
 
 
-@pytest.fixture
-def hat_alias():
-    """The alias installed for one test, and removed (with every virtual module) afterwards."""
-    uninstall_hat_alias()
-    source = install_hat_alias()
-    yield source
-    uninstall_hat_alias()
-
-
 def _run_python(code: str, *path: str) -> subprocess.CompletedProcess:
     """``code`` in a fresh interpreter with the repository (and ``path``) importable."""
     env_path = ":".join([str(ROOT), *path])

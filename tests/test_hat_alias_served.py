@@ -16,17 +16,8 @@ import pytest
 import torch
 from torch import nn
 
-from hat_ignite.hat_alias import install_hat_alias, uninstall_hat_alias
 from hat_ignite.registry import build_from_cfg
 from hat_ignite.errors import ConfigError
-
-
-@pytest.fixture
-def hat_alias():
-    uninstall_hat_alias()
-    install_hat_alias()
-    yield
-    uninstall_hat_alias()
 
 
 def test_hat_module_paths_of_engine_and_callback_classes(hat_alias):

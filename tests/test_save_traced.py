@@ -110,16 +110,9 @@ def test_the_deploy_file_is_left_beside_the_hashed_copy_with_hats_names(tmp_path
     assert open(saver.traced_path, "rb").read() == plain.read_bytes()
 
 
-def test_hat_imports_deploy_file_format_from_save_traced():
-    from hat_ignite.hat_alias import hat_alias_installed, install_hat_alias, uninstall_hat_alias
+def test_hat_imports_deploy_file_format_from_save_traced(hat_alias):
+    from hat.callbacks.save_traced import DEPLOY_FILE_FORMAT, SaveTraced as HatSaveTraced
 
-    installed_before = hat_alias_installed()
-    install_hat_alias()
-    try:
-        from hat.callbacks.save_traced import DEPLOY_FILE_FORMAT, SaveTraced as HatSaveTraced
-    finally:
-        if not installed_before:
-            uninstall_hat_alias()
     assert HatSaveTraced is SaveTraced
     assert DEPLOY_FILE_FORMAT % ("qat-", "last") == "qat-deploy-checkpoint-last.pt"
 
