@@ -16,16 +16,13 @@ DIGITS_CONFIG = ROOT / "configs" / "classification" / "digits_mlp.py"
 
 @pytest.fixture
 def hat_alias():
-    """The ``hat`` alias installed afresh for one test (every virtual module new); afterwards it is
-    removed, and installed again if it was installed before the test."""
-    from hat_ignite.hat_alias import hat_alias_installed, install_hat_alias, uninstall_hat_alias
+    """The ``hat`` alias installed afresh for one test (every virtual module new), and removed
+    afterwards (with every virtual module), so that the next test starts without it."""
+    from hat_ignite.hat_alias import install_hat_alias, uninstall_hat_alias
 
-    installed_before = hat_alias_installed()
     uninstall_hat_alias()
     yield install_hat_alias()
     uninstall_hat_alias()
-    if installed_before:
-        install_hat_alias()
 
 
 @pytest.fixture
