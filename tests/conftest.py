@@ -54,3 +54,7 @@ def flat_digits_loader(n: int = 240, batch_size: int = 40):
     x, y = load_digits(return_X_y=True)
     ds = TensorDataset(torch.tensor(x[:n] / 16.0, dtype=torch.float32), torch.tensor(y[:n]))
     return DataLoader(ds, batch_size=batch_size, shuffle=False)
+
+# projects/ holds whole user projects (configs, their own model files) that tests copy and run
+# through the command line; their files are not test modules
+collect_ignore = ["projects"]

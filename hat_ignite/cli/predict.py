@@ -140,7 +140,7 @@ def _predict(argv: Sequence[str]) -> int:
     }
     write_metrics(work_dir.file("metrics.json"), f"{args.stage}_predict", record)
     logger.info("metrics %s -> %s", record["metrics"], work_dir.file("metrics.json"))
-    saved = save_stage_model(cfg, args.stage, predictor)
+    saved = save_stage_model(cfg, args.stage, predictor, work_path)
     record_lineage(
         work_path, args.stage, "hat-predict", cfg.filename, work_dir.file(f"{args.stage}_predict_config.py"),
         inputs + ([os.path.abspath(ckpt)] if ckpt else []), [saved] if saved else [],

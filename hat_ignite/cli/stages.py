@@ -91,19 +91,44 @@ def check_stage_inputs(cfg: Config, stage: str, stage_key: str, config_path: str
     return inputs
 
 
-def save_stage_model(cfg: Config, stage: str, engine: Any) -> str | None:
-    """Save a predictor stage's model to ``{stage}_model`` as a ``torch.export`` program.
+def save_stage_model(cfg: Config, stage: str, engine: Any, work_dir: str) -> str | None:
+    """Save a predictor stage's model as a ``torch.export`` program; return the path, or ``None``.
 
-    The model is exported on the first batch of the engine's data loader. Returns the path, or
-    ``None`` when the config names no ``{stage}_model``.
+    The path is the config's ``{stage}_model`` when it names one; else, for a model holding int8
+    modules (the ``int_infer`` stage), ``{stage}-model.pt2`` in ``work_dir``; a float model without
+    the key is not saved. The model is exported on the first batch of the engine's data loader, as
+    its batch processor gives it to the model (batch transforms applied). A model ``torch.export``
+    cannot capture whole (post-processing with data-dependent shapes, say) fails the stage when the
+    config names the file, and is logged and skipped when the file is only the default.
     """
-    path = cfg.get(f"{stage}_model")
-    if not path:
-        return None
+    from hat_ignite.errors import QuantizationError
+    from hat_ignite.quantization.prepared import prepared_modules
+
+    named = cfg.get(f"{stage}_model")
+    default = not named
+    if default:
+        if not any(m.stage == "quantized" for m in prepared_modules(engine.model)):
+            return None
+        path = os.path.join(work_dir, f"{stage}-model.pt2")
+    else:
+        path = str(named)
     from hat_ignite.quantization.io import save_quantized_model
 
     batch = next(iter(engine.data_loader))
-    saved = save_quantized_model(engine.model, path, batch)
+    model_batches = getattr(engine.batch_processor, "model_batches", None)
+    if model_batches is not None:
+        batch = model_batches(batch)[0]
+    try:
+        saved = save_quantized_model(engine.model, path, batch)
+    except QuantizationError as exc:
+        if not default:
+            raise
+        logger.warning(
+            "the %s model is not saved as %s: %s To save it, export a model without that code (HAT's "
+            "deploy_model, e.g. with SaveTraced in the %s_trainer), or name the file with %s_model.",
+            stage, path, exc, stage, stage,
+        )
+        return None
     logger.info("saved the %s model to %s", stage, saved)
     return saved
 

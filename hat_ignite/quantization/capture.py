@@ -14,18 +14,68 @@ import inspect
 import logging
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_flatten
 
 from hat_ignite.errors import QuantizationError
 
-__all__ = ["model_args", "capture_inputs", "export_module"]
+__all__ = ["Captured", "model_args", "capture_inputs", "export_module", "varying_dims", "varying_leaves", "leaves_varying"]
 
 logger = logging.getLogger(__name__)
 
-Captured = tuple[tuple[Any, ...], dict[str, Any]]
+
+class Captured(NamedTuple):
+    """What a module received on its first call, and which tensor dims changed between its calls.
+
+    ``varying`` maps ``id(tensor)`` of a tensor in ``args`` / ``kwargs`` to the dims (besides the
+    batch dim, always dynamic) whose size differed in another call: a shared head called on every
+    FPN level sees a new height and width each time, so those dims are exported dynamic.
+    """
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    varying: dict[int, tuple[int, ...]] = {}
+
+
+def _tensor_leaves(args: tuple, kwargs: dict) -> list[Any]:
+    return tree_flatten((tuple(args), dict(kwargs)))[0]
+
+
+def varying_dims(calls: list[tuple[tuple, dict]]) -> dict[int, tuple[int, ...]]:
+    """``{id(tensor of the first call): dims}``: the dims whose size differs in a later call.
+
+    >>> a, b = torch.zeros(2, 8, 16, 16), torch.zeros(2, 8, 8, 8)
+    >>> varying_dims([((a,), {}), ((b,), {})]) == {id(a): (2, 3)}
+    True
+    """
+    first = _tensor_leaves(*calls[0])
+    changed: dict[int, set[int]] = {}
+    for args, kwargs in calls[1:]:
+        leaves = _tensor_leaves(args, kwargs)
+        if len(leaves) != len(first):
+            continue  # another structure: the module is not stable, and is not prepared
+        for i, (one, other) in enumerate(zip(first, leaves)):
+            if isinstance(one, torch.Tensor) and isinstance(other, torch.Tensor) and one.dim() == other.dim():
+                changed.setdefault(i, set()).update(d for d in range(1, one.dim()) if one.shape[d] != other.shape[d])
+    return {id(first[i]): tuple(sorted(dims)) for i, dims in changed.items() if dims}
+
+
+def varying_leaves(captured: Captured) -> list[list[int]]:
+    """``varying`` as ``[leaf index, dim]`` pairs (leaves of ``(args, kwargs)`` flattened), for a record."""
+    return [[i, d] for i, leaf in enumerate(_tensor_leaves(captured.args, captured.kwargs))
+            for d in captured.varying.get(id(leaf), ())]
+
+
+def leaves_varying(args: tuple, kwargs: dict, pairs: list[list[int]]) -> dict[int, tuple[int, ...]]:
+    """The inverse of :func:`varying_leaves`, for inputs made from a record."""
+    leaves = _tensor_leaves(args, kwargs)
+    out: dict[int, list[int]] = {}
+    for i, d in pairs:
+        out.setdefault(id(leaves[i]), []).append(d)
+    return {k: tuple(v) for k, v in out.items()}
 
 
 def model_args(batch: Any) -> tuple[Any, ...]:
@@ -54,7 +104,7 @@ def _resolve(model: nn.Module, names: list[str], who: str) -> dict[str, nn.Modul
 @torch.no_grad()
 def capture_inputs(model: nn.Module, batches: list[Any], names: list[str], who: str) -> dict[str, Captured]:
     """Run ``model`` in eval mode on each of ``batches`` and record the arguments each named
-    submodule gets first.
+    submodule gets first, and which of their dims change between its calls.
 
     ``""`` names the model itself. The model's train/eval flags are restored afterwards.
 
@@ -62,11 +112,11 @@ def capture_inputs(model: nn.Module, batches: list[Any], names: list[str], who: 
         QuantizationError: a name is not a submodule, or a named submodule never ran.
     """
     targets = _resolve(model, names, who)
-    captured: dict[str, Captured] = {}
+    calls: dict[str, list[tuple[tuple, dict]]] = {}
     handles = []
     for name, module in targets.items():
         def hook(mod: nn.Module, args: tuple, kwargs: dict, _name: str = name) -> None:
-            captured.setdefault(_name, (args, kwargs))
+            calls.setdefault(_name, []).append((args, kwargs))
 
         handles.append(module.register_forward_pre_hook(hook, with_kwargs=True))
     modes = {m: m.training for m in model.modules()}
@@ -86,34 +136,34 @@ def capture_inputs(model: nn.Module, batches: list[Any], names: list[str], who: 
             handle.remove()
         for module, training in modes.items():
             module.training = training
-    silent = [n for n in names if n not in captured]
+    silent = [n for n in names if n not in calls]
     if silent:
         raise QuantizationError(
             f"{who}: {silent} never ran when the model ran on the example batch in eval mode, so "
             f"there is nothing to trace. Name submodules the forward calls."
         )
-    return captured
+    return {name: Captured(*made[0], varying_dims(made)) for name, made in calls.items()}
 
 
-def _dynamic_batch(value: Any) -> Any:
-    """A dynamic-shapes spec mirroring ``value``: dim 0 of every tensor may vary."""
+def _dynamic(value: Any, varying: Mapping[int, tuple[int, ...]]) -> Any:
+    """A dynamic-shapes spec mirroring ``value``: dim 0 of every tensor, and its ``varying`` dims, may vary."""
     from torch.export import Dim
 
     if isinstance(value, torch.Tensor):
-        return {0: Dim.AUTO} if value.dim() else None
+        return {d: Dim.AUTO for d in (0, *varying.get(id(value), ()))} if value.dim() else None
     if isinstance(value, Mapping):
-        return {k: _dynamic_batch(v) for k, v in value.items()}
+        return {k: _dynamic(v, varying) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return type(value)(_dynamic_batch(v) for v in value)
+        return type(value)(_dynamic(v, varying) for v in value)
     return None
 
 
-def _spec(module: nn.Module, args: tuple, kwargs: dict) -> dict[str, Any] | None:
+def _spec(module: nn.Module, args: tuple, kwargs: dict, varying: Mapping[int, tuple[int, ...]]) -> dict[str, Any] | None:
     try:
         bound = inspect.signature(module.forward).bind(*args, **kwargs)
     except (TypeError, ValueError):
         return None
-    return {name: _dynamic_batch(value) for name, value in bound.arguments.items()}
+    return {name: _dynamic(value, varying) for name, value in bound.arguments.items()}
 
 
 def _source_line(exc: BaseException) -> str:
@@ -132,9 +182,12 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {line[:300]}"
 
 
-def _try_export(module: nn.Module, args: tuple, kwargs: dict) -> tuple[Any, BaseException | None]:
+def _try_export(module: nn.Module, args: tuple, kwargs: dict,
+                varying: Mapping[int, tuple[int, ...]] | None = None) -> tuple[Any, BaseException | None]:
     try:
-        program = torch.export.export(module, args, kwargs, dynamic_shapes=_spec(module, args, kwargs), strict=False)
+        program = torch.export.export(
+            module, args, kwargs, dynamic_shapes=_spec(module, args, kwargs, varying or {}), strict=False,
+        )
     except Exception as exc:  # any capture failure; the caller reports it
         return None, exc
     return program, None
@@ -160,8 +213,8 @@ def _culprit(module: nn.Module, args: tuple, kwargs: dict, path: str, exc: BaseE
 
 
 @torch.no_grad()
-def _child_inputs(module: nn.Module, args: tuple, kwargs: dict) -> dict[str, Captured]:
-    captured: dict[str, Captured] = {}
+def _child_inputs(module: nn.Module, args: tuple, kwargs: dict) -> dict[str, tuple[tuple, dict]]:
+    captured: dict[str, tuple[tuple, dict]] = {}
     handles = []
     for name, child in module.named_children():
         def hook(mod: nn.Module, a: tuple, k: dict, _name: str = name) -> None:
@@ -176,7 +229,8 @@ def _child_inputs(module: nn.Module, args: tuple, kwargs: dict) -> dict[str, Cap
     return captured
 
 
-def export_module(module: nn.Module, args: tuple, kwargs: dict, path: str, who: str) -> torch.export.ExportedProgram:
+def export_module(module: nn.Module, args: tuple, kwargs: dict, path: str, who: str,
+                  varying: Mapping[int, tuple[int, ...]] | None = None) -> torch.export.ExportedProgram:
     """``torch.export`` ``module`` on its captured inputs, batch dimension dynamic.
 
     Args:
@@ -185,12 +239,13 @@ def export_module(module: nn.Module, args: tuple, kwargs: dict, path: str, who: 
         kwargs: its keyword inputs.
         path: its dotted path in the model (``""`` for the model), named in errors.
         who: the converter, named in errors.
+        varying: further dims to export dynamic (see :class:`Captured`).
 
     Raises:
         QuantizationError: export failed; names the innermost submodule that fails on its own,
             the error torch gave and the source line it points to.
     """
-    program, exc = _try_export(module, args, kwargs)
+    program, exc = _try_export(module, args, kwargs, varying)
     if exc is None:
         return program
     culprit_path, culprit, culprit_exc = _culprit(module, args, kwargs, path, exc)

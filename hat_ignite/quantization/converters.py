@@ -28,13 +28,15 @@ from typing import TYPE_CHECKING, Any, Sequence
 from torch import nn
 
 from hat_ignite.errors import QuantizationError
-from hat_ignite.quantization.capture import Captured, capture_inputs, export_module
+from hat_ignite.quantization.capture import Captured, capture_inputs, export_module, leaves_varying
 from hat_ignite.quantization.used_inputs import unused_entries, without_entries
 from hat_ignite.quantization.examples import example_batches, later_checkpoints
+from hat_ignite.quantization.module_calls import tag_module_calls
 from hat_ignite.quantization.prepared import PreparedModule, prepared_modules
 from hat_ignite.quantization.record import make_inputs, prepared_record, read_records
 from hat_ignite.quantization.select import stable_modules
 from hat_ignite.quantization.qconfig import check_convert_mode, check_qat_mode
+from hat_ignite.quantization.timed import timed
 from hat_ignite.quantization.torchao_import import import_torchao
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -140,52 +142,56 @@ class _Prepare:
                 f"QAT2Quantize to move a prepared model on."
             )
         import_torchao()
-        from torchao.quantization.pt2e.quantize_pt2e import prepare_qat_pt2e
-
         qat_mode = check_qat_mode(self.qat_mode, who)
-        fuse_bn = qat_mode == "fuse_bn"
         modules, captured = self._targets(model, who)
         quantizer = self.quantizer if self.quantizer is not None else default_quantizer(self.reduce_range)
         for path in modules:
             module = model.get_submodule(path) if path else model
-            args, kwargs = captured[path]
-            modes = {m: m.training for m in module.modules()}
-            # fuse_bn: BN folded with its running statistics, so the graph is exported in eval
-            # form; with_bn: prepare_qat_pt2e rewrites the training graph's conv-BN into its QAT pattern
-            module.train(not fuse_bn)
-            try:
-                program = export_module(module, args, kwargs, path, who)
-                unused = unused_entries(program, args, kwargs)
-                if unused:  # e.g. a deploy model's "labels": the graph takes only what it uses
-                    logger.info("%s: %s does not use %s of its input; its graph takes the rest.", who,
-                                path or "the model", ", ".join(repr(k) for keys in unused.values() for k in keys))
-                    args = without_entries(args, unused)
-                    program = export_module(module, args, kwargs, path, who)
-            finally:
-                for m, training in modes.items():
-                    m.training = training
-            graph = program.module()
-            if fuse_bn:
-                _fold_batch_norms(graph)
-            try:
-                graph = prepare_qat_pt2e(graph, quantizer)
-            except Exception as exc:
-                raise QuantizationError(
-                    f"{who}: the quantizer could not prepare {path or 'the model'!r} "
-                    f"({type(module).__name__}): {type(exc).__name__}: {exc}"
-                ) from exc
-            prepared = PreparedModule(
-                graph, self.stage, path, graph_training=not fuse_bn,
-                record=prepared_record(path, self.stage, qat_mode, args, kwargs),
-            )
-            prepared.initialize_shapes(args, kwargs)
-            prepared.train(module.training)
-            model = _set_child(model, path, prepared)
-            logger.info(
-                "%s: prepared %s (%s) for int8, stage %s, qat_mode %s.", who, path or "the model",
-                type(module).__name__, self.stage, check_qat_mode(self.qat_mode, who),
-            )
+            with timed(logger, "%s: preparing %s (%s) for int8, stage %s, qat_mode %s", who, path or "the model",
+                       type(module).__name__, self.stage, qat_mode):
+                model = self._prepare_one(model, path, module, captured[path], quantizer, qat_mode, who)
         return model
+
+    def _prepare_one(self, model: nn.Module, path: str, module: nn.Module, inputs: Captured, quantizer: Any,
+                     qat_mode: str, who: str) -> nn.Module:
+        """Export ``module`` (at ``path`` in ``model``) on ``inputs``, prepare it, and put it in place."""
+        from torchao.quantization.pt2e.quantize_pt2e import prepare_qat_pt2e
+
+        fuse_bn = qat_mode == "fuse_bn"
+        args, kwargs, varying = inputs
+        modes = {m: m.training for m in module.modules()}
+        # fuse_bn: BN folded with its running statistics, so the graph is exported in eval
+        # form; with_bn: prepare_qat_pt2e rewrites the training graph's conv-BN into its QAT pattern
+        module.train(not fuse_bn)
+        try:
+            program = export_module(module, args, kwargs, path, who, varying)
+            unused = unused_entries(program, args, kwargs)
+            if unused:  # e.g. a deploy model's "labels": the graph takes only what it uses
+                logger.info("%s: %s does not use %s of its input; its graph takes the rest.", who,
+                            path or "the model", ", ".join(repr(k) for keys in unused.values() for k in keys))
+                args = without_entries(args, unused)
+                program = export_module(module, args, kwargs, path, who, varying)
+        finally:
+            for m, training in modes.items():
+                m.training = training
+        graph = program.module()
+        tag_module_calls(graph)  # each call of a shared module quantized on its own
+        if fuse_bn:
+            _fold_batch_norms(graph)
+        try:
+            graph = prepare_qat_pt2e(graph, quantizer)
+        except Exception as exc:
+            raise QuantizationError(
+                f"{who}: the quantizer could not prepare {path or 'the model'!r} "
+                f"({type(module).__name__}): {type(exc).__name__}: {exc}"
+            ) from exc
+        prepared = PreparedModule(
+            graph, self.stage, path, graph_training=not fuse_bn,
+            record=prepared_record(path, self.stage, qat_mode, Captured(args, kwargs, varying)),
+        )
+        prepared.initialize_shapes(args, kwargs)
+        prepared.train(module.training)
+        return _set_child(model, path, prepared)
 
     def _targets(self, model: nn.Module, who: str) -> tuple[list[str], dict[str, Captured]]:
         """The modules to prepare and the inputs to export each with.
@@ -231,8 +237,9 @@ def _recorded_inputs(found: tuple[str, dict[str, Any]], path: str, who: str) -> 
             f"name those (or leave modules out to prepare them)."
         )
     try:
-        return make_inputs(record["args"]), make_inputs(record["kwargs"])
-    except (KeyError, ValueError, TypeError, AttributeError) as exc:
+        args, kwargs = make_inputs(record["args"]), make_inputs(record["kwargs"])
+        return Captured(args, kwargs, leaves_varying(args, kwargs, record.get("varying", [])))
+    except (KeyError, ValueError, TypeError, AttributeError, IndexError) as exc:
         raise QuantizationError(
             f"{who}: the inputs {path or 'the model'!r} was exported with cannot be made again from the "
             f"record in {checkpoint} ({exc}); give example_inputs."
@@ -381,8 +388,9 @@ class QAT2Quantize:
             m.observing = False
             m._apply_switches()  # graph in eval mode, observers frozen
             m.refresh_qparams()
-            converted = convert_pt2e(m.graph)
-            _drop_unused_weights(converted)
+            with timed(logger, "%s: converting %s to int8", who, m.qname or "the model"):
+                converted = convert_pt2e(m.graph)
+                _drop_unused_weights(converted)
             quantized = PreparedModule(converted, "quantized", m.qname, graph_training=False, record=m.record)
             quantized.input_keys = m.input_keys
             model = _replace(model, m, quantized.eval())

@@ -9,6 +9,7 @@ that computes the same outputs, in a fresh process, without the model's Python c
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import tempfile
 from typing import Any, Union
@@ -18,12 +19,16 @@ from torch import nn
 
 from hat_ignite.errors import CheckpointError
 from hat_ignite.quantization.capture import export_module, model_args
+from hat_ignite.quantization.timed import timed
+from hat_ignite.quantization.used_inputs import keep_keys, unused_entries, without_entries
 from hat_ignite.quantization.torchao_import import import_torchao
 from hat_ignite.regular_files import open_regular
 
 __all__ = ["save_quantized_model", "load_quantized_model", "file_sha256", "tensor_bytes"]
 
 PathLike = Union[str, "os.PathLike[str]"]
+
+logger = logging.getLogger(__name__)
 
 
 def file_sha256(path: PathLike) -> str:
@@ -85,7 +90,12 @@ def save_quantized_model(model: nn.Module, path: PathLike, example_inputs: Any) 
     modes = {m: m.training for m in model.modules()}
     model.eval()
     try:
-        program = export_module(model, model_args(example_inputs), {}, "", "save_quantized_model")
+        with timed(logger, "save_quantized_model: exporting %s for %s", type(model).__name__, path):
+            args = model_args(example_inputs)
+            program = export_module(model, args, {}, "", "save_quantized_model")
+            unused = unused_entries(program, args, {})
+            if unused:  # a batch's labels, say: the program takes what the model uses
+                program = export_module(model, without_entries(args, unused), {}, "", "save_quantized_model")
     finally:
         for m, training in modes.items():
             m.training = training
@@ -131,5 +141,27 @@ def load_quantized_model(path: PathLike) -> nn.Module:
         ) from exc
     module = program.module()
     allow_exported_model_train_eval(module)
+    keys = _dict_input_keys(program)
+    if keys is not None:  # called with a whole batch, as the model was: the entries it uses are passed on
+        module.register_forward_pre_hook(_KeepKeys(keys), with_kwargs=True, prepend=True)  # before its input check
     module.eval()
     return module
+
+
+def _dict_input_keys(program: torch.export.ExportedProgram) -> list[frozenset | None] | None:
+    """The keys each dict argument of the program takes (``None`` where an argument is no dict)."""
+    spec = program.call_spec.in_spec
+    if spec is None or not spec.children_specs:
+        return None
+    keys = [frozenset(a.context) if a.type is dict else None for a in spec.children_specs[0].children_specs]
+    return keys if any(k is not None for k in keys) else None
+
+
+class _KeepKeys:
+    """A forward pre-hook cutting each dict argument down to the keys the program takes."""
+
+    def __init__(self, keys: list[frozenset | None]) -> None:
+        self.keys = keys
+
+    def __call__(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        return keep_keys(args, self.keys), kwargs

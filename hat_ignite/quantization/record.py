@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from hat_ignite.quantization.capture import Captured, varying_leaves
+
 __all__ = ["RECORD_MARK", "describe_inputs", "make_inputs", "prepared_record", "read_records"]
 
 logger = logging.getLogger(__name__)
@@ -67,11 +69,14 @@ def make_inputs(spec: Any) -> Any:
     raise ValueError(f"an input of type {spec.get('unsupported', '?')} was recorded by its type only")
 
 
-def prepared_record(path: str, stage: str, qat_mode: str | None, args: tuple, kwargs: dict) -> dict[str, Any]:
-    """The record of a module prepared at ``path`` from ``args`` / ``kwargs``."""
+def prepared_record(path: str, stage: str, qat_mode: str | None, inputs: Captured) -> dict[str, Any]:
+    """The record of a module prepared at ``path`` from ``inputs``: their structure, shapes and
+    dtypes, and the dims exported dynamic besides the batch (``varying``, see
+    :func:`~.capture.varying_leaves`)."""
     return {
         RECORD_MARK: 1, "path": path, "stage": stage, "qat_mode": qat_mode,
-        "args": describe_inputs(tuple(args)), "kwargs": describe_inputs(dict(kwargs)),
+        "args": describe_inputs(tuple(inputs.args)), "kwargs": describe_inputs(dict(inputs.kwargs)),
+        "varying": varying_leaves(inputs),
     }
 
 
