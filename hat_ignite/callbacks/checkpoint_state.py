@@ -112,6 +112,12 @@ def load_model_weights(
         metadata = _renamed_metadata(
             metadata, lambda k: "" if k == "_orig_mod" else k.replace("_orig_mod.", "").replace("._orig_mod", ""),
         )
+    if isinstance(checkpoint, Mapping) and checkpoint.get("prepared_modules"):
+        from hat_ignite.quantization.observer_match import align_observers
+
+        # a model prepared from another graph (HAT's deploy model): each observer's saved range
+        # where it belongs, not where its number points
+        weights = align_observers(target, weights, checkpoint["prepared_modules"], path, allow_miss=allow_miss)
     missing = [k for k in own if k not in weights]
     extra = [k for k in weights if k not in own]
     shapes = [

@@ -28,16 +28,17 @@ from typing import TYPE_CHECKING, Any, Sequence
 from torch import nn
 
 from hat_ignite.errors import QuantizationError
-from hat_ignite.quantization.capture import Captured, capture_inputs, export_module, leaves_varying
-from hat_ignite.quantization.used_inputs import unused_entries, without_entries
-from hat_ignite.quantization.examples import example_batches, later_checkpoints
+from hat_ignite.quantization.capture import Captured, export_module
 from hat_ignite.quantization.module_calls import tag_module_calls
+from hat_ignite.quantization.observer_match import uncalled_modules
 from hat_ignite.quantization.prepared import PreparedModule, prepared_modules
-from hat_ignite.quantization.record import make_inputs, prepared_record, read_records
-from hat_ignite.quantization.select import stable_modules
 from hat_ignite.quantization.qconfig import check_convert_mode, check_qat_mode
+from hat_ignite.quantization.record import prepared_record
+from hat_ignite.quantization.stubs import StubBoundaries, remove_markers, stub_markers
+from hat_ignite.quantization.targets import check_called, find_targets
 from hat_ignite.quantization.timed import timed
 from hat_ignite.quantization.torchao_import import import_torchao
+from hat_ignite.quantization.used_inputs import unused_entries, without_entries
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.fx import GraphModule
@@ -87,9 +88,12 @@ def _fold_batch_norms(graph: GraphModule) -> None:
 
     before = dict(graph.named_parameters())
     trains = any(p.requires_grad for p in before.values())
+    read = _read_attributes(graph)
     _fuse_conv_bn_(graph)
     _fuse_linear_bn_(graph)
-    _drop_unused_weights(graph)
+    # the folded BatchNorms' tensors go; a module built but not called keeps its weights, as the
+    # checkpoints of a model that calls it hold them (HAT's deploy models build such heads)
+    _drop_unused_weights(graph, only=read - _read_attributes(graph))
     for name, param in graph.named_parameters():
         if name not in before:  # the bias a bias-free layer got from its BatchNorm trains as it did
             param.requires_grad_(trains)
@@ -125,7 +129,7 @@ class _Prepare:
             modules = [modules]
         self.example_inputs = example_inputs
         self.example_data_loader = example_data_loader
-        #: the dotted names given (``None``: chosen when the converter runs, see ``_targets``)
+        #: the dotted names given (``None``: chosen when the converter runs, see :mod:`~.targets`)
         self.modules: list[str] | None = list(modules) if modules else None
         self.quantizer = quantizer
         self.reduce_range = reduce_range
@@ -143,17 +147,19 @@ class _Prepare:
             )
         import_torchao()
         qat_mode = check_qat_mode(self.qat_mode, who)
-        modules, captured = self._targets(model, who)
+        targets = find_targets(model, self.example_inputs, self.example_data_loader, self.modules, who)
         quantizer = self.quantizer if self.quantizer is not None else default_quantizer(self.reduce_range)
-        for path in modules:
+        for path in targets.modules:
             module = model.get_submodule(path) if path else model
             with timed(logger, "%s: preparing %s (%s) for int8, stage %s, qat_mode %s", who, path or "the model",
                        type(module).__name__, self.stage, qat_mode):
-                model = self._prepare_one(model, path, module, captured[path], quantizer, qat_mode, who)
+                model = self._prepare_one(model, path, module, targets.inputs[path], targets.described,
+                                          quantizer, qat_mode, who)
+        check_called(model, targets.batches, who)
         return model
 
-    def _prepare_one(self, model: nn.Module, path: str, module: nn.Module, inputs: Captured, quantizer: Any,
-                     qat_mode: str, who: str) -> nn.Module:
+    def _prepare_one(self, model: nn.Module, path: str, module: nn.Module, inputs: Captured, batches: list[Any],
+                     quantizer: Any, qat_mode: str, who: str) -> nn.Module:
         """Export ``module`` (at ``path`` in ``model``) on ``inputs``, prepare it, and put it in place."""
         from torchao.quantization.pt2e.quantize_pt2e import prepare_qat_pt2e
 
@@ -164,86 +170,42 @@ class _Prepare:
         # form; with_bn: prepare_qat_pt2e rewrites the training graph's conv-BN into its QAT pattern
         module.train(not fuse_bn)
         try:
-            program = export_module(module, args, kwargs, path, who, varying)
-            unused = unused_entries(program, args, kwargs)
-            if unused:  # e.g. a deploy model's "labels": the graph takes only what it uses
-                logger.info("%s: %s does not use %s of its input; its graph takes the rest.", who,
-                            path or "the model", ", ".join(repr(k) for keys in unused.values() for k in keys))
-                args = without_entries(args, unused)
+            with stub_markers(module) as stubs:  # HAT's QuantStub / DeQuantStub bound the int8 part
                 program = export_module(module, args, kwargs, path, who, varying)
+                unused = unused_entries(program, args, kwargs)
+                if unused:  # e.g. a deploy model's "labels": the graph takes only what it uses
+                    logger.info("%s: %s does not use %s of its input; its graph takes the rest.", who,
+                                path or "the model", ", ".join(repr(k) for keys in unused.values() for k in keys))
+                    args = without_entries(args, unused)
+                    program = export_module(module, args, kwargs, path, who, varying)
         finally:
             for m, training in modes.items():
                 m.training = training
         graph = program.module()
+        uncalled = uncalled_modules(module, graph)
         tag_module_calls(graph)  # each call of a shared module quantized on its own
         if fuse_bn:
             _fold_batch_norms(graph)
         try:
-            graph = prepare_qat_pt2e(graph, quantizer)
+            graph = prepare_qat_pt2e(graph, StubBoundaries(quantizer) if stubs else quantizer)
         except Exception as exc:
             raise QuantizationError(
                 f"{who}: the quantizer could not prepare {path or 'the model'!r} "
                 f"({type(module).__name__}): {type(exc).__name__}: {exc}"
             ) from exc
-        prepared = PreparedModule(
-            graph, self.stage, path, graph_training=not fuse_bn,
-            record=prepared_record(path, self.stage, qat_mode, Captured(args, kwargs, varying)),
-        )
+        remove_markers(graph)
+        record = prepared_record(path, self.stage, qat_mode, Captured(args, kwargs, varying))
+        if batches:
+            record["batches"] = batches  # the model's own inputs: an export-only stage runs its model on them
+        prepared = PreparedModule(graph, self.stage, path, graph_training=not fuse_bn, record=record)
+        prepared.uncalled = uncalled
         prepared.initialize_shapes(args, kwargs)
         prepared.train(module.training)
         return _set_child(model, path, prepared)
 
-    def _targets(self, model: nn.Module, who: str) -> tuple[list[str], dict[str, Captured]]:
-        """The modules to prepare and the inputs to export each with.
-
-        Modules: ``modules`` when given; else those recorded in the checkpoint a later
-        ``LoadCheckpoint`` of the pipeline loads (so the weights fit); else the model, or its
-        submodules that run alike in training and eval (:func:`~.select.stable_modules`). Inputs:
-        what they receive on the example batches; without any (an export-only stage), made from
-        the checkpoint's record.
-        """
-        batches = example_batches(self.example_inputs, self.example_data_loader, who, required=False)
-        given = self.modules is not None
-        found = None if batches and given else read_records(later_checkpoints())
-        if not batches and found is None:
-            raise QuantizationError(
-                f"{who}: give example_inputs (a batch as the model receives it) or example_data_loader (its "
-                f"first batch is used): torch.export needs real inputs to trace, this engine has no data_loader "
-                f"to take a batch from, and no LoadCheckpoint after {who} in the pipeline loads a checkpoint of "
-                f"the calibration or QAT stage (which records the inputs the export needs)."
-            )
-        if self.modules is not None:
-            modules = list(self.modules)
-        elif found is not None:
-            modules = sorted(found[1])
-            logger.info("%s: preparing %s, as in %s.", who, [m or "the model" for m in modules], found[0])
-        else:
-            modules = stable_modules(model, batches, who)
-        if found is not None and not batches:
-            return modules, {path: _recorded_inputs(found, path, who) for path in modules}
-        return modules, capture_inputs(model, batches, modules, who)
-
     def __repr__(self) -> str:
         extra = f", qat_mode={self.qat_mode!r}" if self.qat_mode is not None else ""
         return f"{type(self).__name__}(modules={self.modules!r}{extra})"
-
-
-def _recorded_inputs(found: tuple[str, dict[str, Any]], path: str, who: str) -> Captured:
-    checkpoint, records = found
-    record = records.get(path)
-    if record is None:
-        raise QuantizationError(
-            f"{who}: modules names {path!r}, but {checkpoint} holds prepared modules {sorted(records)}; "
-            f"name those (or leave modules out to prepare them)."
-        )
-    try:
-        args, kwargs = make_inputs(record["args"]), make_inputs(record["kwargs"])
-        return Captured(args, kwargs, leaves_varying(args, kwargs, record.get("varying", [])))
-    except (KeyError, ValueError, TypeError, AttributeError, IndexError) as exc:
-        raise QuantizationError(
-            f"{who}: the inputs {path or 'the model'!r} was exported with cannot be made again from the "
-            f"record in {checkpoint} ({exc}); give example_inputs."
-        ) from exc
 
 
 class Float2Calibration(_Prepare):
@@ -341,18 +303,25 @@ class Calibration2QAT:
         return "Calibration2QAT()"
 
 
-def _drop_unused_weights(graph: GraphModule) -> int:
-    """Delete parameters and buffers the converted graph no longer reads (the float weights)."""
-    used = {node.target for node in graph.graph.nodes if node.op == "get_attr"}
+def _read_attributes(graph: GraphModule) -> set[str]:
+    """The parameters, buffers and attributes the graph reads."""
+    return {str(node.target) for node in graph.graph.nodes if node.op == "get_attr"}
+
+
+def _drop_unused_weights(graph: GraphModule, only: set[str] | None = None) -> int:
+    """Delete parameters and buffers the converted graph no longer reads (the float weights), or
+    of those ``only`` the ones it no longer reads."""
+    used = _read_attributes(graph)
     dropped = 0
     for kind in ("parameters", "buffers"):
         for name, _ in list(getattr(graph, f"named_{kind}")()):
-            if name not in used:
+            if name not in used and (only is None or name in only):
                 owner_path, _, leaf = name.rpartition(".")
                 owner = graph.get_submodule(owner_path) if owner_path else graph
                 delattr(owner, leaf)
                 dropped += 1
-    graph.delete_all_unused_submodules()
+    if only is None:
+        graph.delete_all_unused_submodules()
     return dropped
 
 

@@ -15,6 +15,11 @@ own key (``head.conv``, ``head.conv@1``, ``head.conv@2``). :func:`tag_module_cal
 by that call, so each call is its own partition and gets its own observers (a shared conv's
 weight is one tensor; the activations of each call are observed separately).
 
+Functional calls (``torch.add``, ``x + y``) carry ``torch_fn``: a name counted per kind of
+function (``add_1`` is the first ``torch.add`` *and* the first ``Tensor.add``), which the grouping
+would also merge; they are tagged with that name and their kind together, under the function's
+name the quantizers look for (``"add"``).
+
 >>> import torch
 >>> from torch import nn
 >>> class Twice(nn.Module):
@@ -25,9 +30,9 @@ weight is one tensor; the activations of each call are observed separately).
 ...         return self.relu(self.relu(x) - 1)
 >>> graph = torch.export.export(Twice(), (torch.randn(2, 3),), strict=False).module()
 >>> tag_module_calls(graph)
-2
->>> sorted(n.meta["source_fn_stack"][-1][0] for n in graph.graph.nodes if "source_fn_stack" in n.meta)
-['relu', 'relu@1']
+3
+>>> [n.meta["source_fn_stack"][-1] for n in graph.graph.nodes if "source_fn_stack" in n.meta]
+[('relu', <class 'torch.nn.modules.activation.ReLU'>), ('sub_1:method_descriptor.sub', 'sub'), ('relu@1', <class 'torch.nn.modules.activation.ReLU'>)]
 """
 
 from __future__ import annotations
@@ -67,7 +72,8 @@ def _call_name(key: str, fqn: str) -> str:
 
 
 def tag_module_calls(graph: fx.GraphModule) -> int:
-    """Give every op of a torch.nn layer that has no ``source_fn_stack`` one naming its call.
+    """Give every op of a torch.nn layer or a functional call that has no ``source_fn_stack`` one
+    naming its call.
 
     Args:
         graph: an exported graph (``ExportedProgram.module()``), changed in place.
@@ -80,12 +86,16 @@ def tag_module_calls(graph: fx.GraphModule) -> int:
         if node.op != "call_function" or node.meta.get("source_fn_stack"):
             continue
         stack = node.meta.get("nn_module_stack")
-        if not stack:
+        layer = None
+        if stack:
+            key, (fqn, cls) = list(stack.items())[-1]
+            layer = _torch_layer(cls)
+        if layer is not None:
+            node.meta["source_fn_stack"] = [(_call_name(key, fqn), layer)]
+        elif isinstance(torch_fn := node.meta.get("torch_fn"), tuple) and len(torch_fn) == 2:
+            name, kind = torch_fn  # ("add_1", "method_descriptor.add")
+            node.meta["source_fn_stack"] = [(f"{name}:{kind}", kind.rpartition(".")[2])]
+        else:
             continue
-        key, (fqn, cls) = list(stack.items())[-1]
-        layer = _torch_layer(cls)
-        if layer is None:
-            continue
-        node.meta["source_fn_stack"] = [(_call_name(key, fqn), layer)]
         tagged += 1
     return tagged

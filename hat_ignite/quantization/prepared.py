@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from hat_ignite.errors import QuantizationError
+from hat_ignite.quantization.observer_match import observer_identities
 from hat_ignite.quantization.used_inputs import input_keys, keep_keys
 from hat_ignite.quantization.torchao_import import import_torchao
 
@@ -99,6 +100,11 @@ class PreparedModule(nn.Module):
         #: the keys of each dict input the graph takes (set from the example inputs), see
         #: :mod:`~hat_ignite.quantization.used_inputs`; ``None``: inputs are passed as they are
         self.input_keys: list[frozenset | None] | None = None
+        #: what each observer observes (:func:`~.observer_match.observer_identities`); checkpoints
+        #: record it, so a model prepared from another graph loads each range where it belongs
+        self.observers: dict[str, str] = observer_identities(graph) if stage != "quantized" else {}
+        #: submodules with weights the exported forward never called (see :mod:`~.observer_match`)
+        self.uncalled: list[str] = []
         self._default_averaging = [
             getattr(getattr(fq, "activation_post_process", None), "averaging_constant", None)
             for fq in self._fake_quantizers
@@ -223,8 +229,12 @@ class PreparedModule(nn.Module):
         return self
 
     def export_record(self) -> dict[str, Any]:
-        """What this module was exported from, as checkpoints store it (see :mod:`~hat_ignite.quantization.record`)."""
-        return dict(self.record, path=self.qname, stage=self.stage)
+        """What this module was exported from, and what its observers observe, as checkpoints store
+        it (see :mod:`~hat_ignite.quantization.record`)."""
+        record = dict(self.record, path=self.qname, stage=self.stage)
+        if self.observers:
+            record["observers"] = dict(self.observers)
+        return record
 
     def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
         super()._load_from_state_dict(*args, **kwargs)
