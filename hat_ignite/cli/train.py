@@ -194,10 +194,10 @@ def _train(argv: Sequence[str]) -> int:
     import torch
 
     args.device_ids = device_ids_of(cfg, args.device_ids, args.nproc, torch.cuda.is_available())
+    inputs = check_stage_inputs(cfg, args.stage, stage_key, args.config)  # refused once, before any rank starts
     exit_code = distributed_stage(args, argv, cfg, stage_key, _train)  # starts the processes of a DDP run
     if exit_code is not None:
         return exit_code
-    inputs = check_stage_inputs(cfg, args.stage, stage_key, args.config)
     work_dir = WorkDir(work_path)
     seed_everything(cfg)
     try:
