@@ -14,6 +14,7 @@ BUILTIN_OBJECTS: dict[str, str] = {
     "LoopBase": "hat_ignite.engine.loop:LoopBase",
     "Trainer": "hat_ignite.engine.trainer:Trainer",
     "Predictor": "hat_ignite.engine.predictor:Predictor",
+    "Inference": "hat_ignite.engine.inference:Inference",
     "DistributedDataParallelTrainer": "hat_ignite.engine.ddp_trainer:DistributedDataParallelTrainer",
     "DataParallelTrainer": "hat_ignite.engine.ddp_trainer:DataParallelTrainer",
     "TaskSampler": "hat_ignite.engine.task_sampler:TaskSampler",
@@ -108,7 +109,4 @@ NOT_PROVIDED: dict[str, str] = {
     "MultiStageBatchProcessor": "it runs each task's head on its own through HAT's graph models "
     "(MultitaskGraphModel.split_module, part of HAT's model zoo), to save memory; use 'MultiBatchProcessor', "
     "which gives the same gradients for the same batches without that memory saving",
-    "Inference": "HAT's Inference runner serves a converted model to one input at a time on Horizon's "
-    "deployment stack (its march setting); use 'Predictor' for batches from a data loader, or call the model "
-    "under torch.no_grad() in a script of your own",
 }

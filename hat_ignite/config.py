@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import difflib
 import enum
-import hashlib
 import logging
 import math
 import os
@@ -52,14 +51,16 @@ class ConfigVersion(enum.Enum):
     v2 = 2
 
 
-def _config_package(config_dir: str) -> tuple[str, list[str]]:
+def _config_package(config_dir: str) -> tuple[str | None, list[str]]:
     """The package a config file runs in, and the directories to put on ``sys.path`` meanwhile.
 
     A config in a package directory (with ``__init__.py`` up to some root) runs as a module of
     that package, so ``from .models import MyNet`` imports the package's own module. Any other
-    config runs in a package made for its directory, so relative imports of files next to it
-    work too. The config's directory (and a real package's root) is on ``sys.path`` while the
-    file runs, so ``import my_pkg.models`` finds a package next to it, as in HAT.
+    config runs in a package made for its directory (``None`` here: it is made once the
+    directory is on ``sys.path``, see :mod:`hat_ignite.config_dirs`), so relative imports of
+    files next to it work too. The config's directory (and a real package's root) is on
+    ``sys.path`` while the file runs, so ``import my_pkg.models`` finds a package next to it, as
+    in HAT.
     """
     parts: list[str] = []
     root = config_dir
@@ -68,17 +69,18 @@ def _config_package(config_dir: str) -> tuple[str, list[str]]:
         root = os.path.dirname(root)
     if parts:
         return ".".join(parts), [config_dir, root]
-    name = "_hat_config_" + hashlib.sha1(config_dir.encode("utf-8", "surrogatepass")).hexdigest()[:12]
-    if name not in sys.modules:
-        import importlib.machinery
-        import importlib.util
+    return None, [config_dir]
 
-        spec = importlib.machinery.ModuleSpec(name, None, is_package=True)
-        spec.submodule_search_locations = [config_dir]
-        module = importlib.util.module_from_spec(spec)
-        module.__doc__ = f"The directory of config files {config_dir} (relative imports of configs)."
-        sys.modules[name] = module
-    return name, [config_dir]
+
+def _imported_from(roots: list[str], before: set[str]) -> list[str]:
+    """The ``roots`` that modules imported since ``before`` (names in ``sys.modules``) came from."""
+    used: list[str] = []
+    for name in set(sys.modules) - before:
+        path = getattr(sys.modules.get(name), "__file__", None)
+        if not isinstance(path, str):
+            continue
+        used.extend(r for r in roots if r not in used and os.path.abspath(path).startswith(os.path.join(r, "")))
+    return used
 
 
 def _exec_error(path: str, exc: BaseException) -> ConfigError:
@@ -121,6 +123,12 @@ class Config(Mapping):
     def fromfile(cls, path: str | os.PathLike) -> Config:
         """Run a ``.py`` config file and collect its top-level names.
 
+        The config's directory (and its package's root) is on ``sys.path`` while the file runs.
+        When the file imported modules from there, the directory stays on ``sys.path``
+        afterwards, so that processes started later with ``spawn`` or ``forkserver`` (DDP ranks,
+        DataLoader workers unpickling a dataset defined there), which get this ``sys.path``,
+        import those modules too, as a module on ``PYTHONPATH`` would be.
+
         Raises:
             ConfigError: the file is missing or not ``.py``, has a syntax error (with the line),
                 or raises while it runs (with the line).
@@ -151,18 +159,26 @@ class Config(Mapping):
         stem = re.sub(r"\W", "_", os.path.splitext(os.path.basename(path))[0])
         config_dir = os.path.dirname(path)
         package, roots = _config_package(config_dir)
-        namespace: dict[str, Any] = {
-            "__file__": path, "__name__": f"hat_config.{stem}", "__package__": package, "__builtins__": __builtins__,
-        }
         added = [d for d in roots if d not in sys.path]
         sys.path[:0] = added  # as HAT: modules next to the config import while it runs
+        before = set(sys.modules)
+        kept: list[str] = []
         try:
+            if package is None:
+                from hat_ignite.config_dirs import package_for
+
+                package = package_for(config_dir)
+            namespace: dict[str, Any] = {
+                "__file__": path, "__name__": f"hat_config.{stem}", "__package__": package,
+                "__builtins__": __builtins__,
+            }
             exec(code, namespace)
+            kept = _imported_from(added, before)
         except (Exception, SystemExit) as exc:  # any error the user's file raises, exit() included
             raise _exec_error(path, exc) from exc
         finally:
-            for entry in added:
-                if entry in sys.path:
+            for entry in added:  # a directory the config imported modules from stays (spawned processes)
+                if entry in sys.path and entry not in kept:
                     sys.path.remove(entry)
         data = {
             k: v for k, v in namespace.items() if not k.startswith("_") and not isinstance(v, types.ModuleType)

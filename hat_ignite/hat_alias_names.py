@@ -20,6 +20,7 @@ _ENGINE = {
     "DistributedDataParallelTrainer": "hat_ignite.engine.ddp_trainer:DistributedDataParallelTrainer",
     "DataParallelTrainer": "hat_ignite.engine.ddp_trainer:DataParallelTrainer",
     "build_launcher": "hat_ignite.engine.launcher:build_launcher",
+    "Inference": "hat_ignite.engine.inference:Inference",
 }
 _PROCESSORS = {
     "BatchProcessorMixin": "hat_ignite.engine.processors.base:BatchProcessorMixin",
@@ -119,6 +120,7 @@ HAT_MODULES: dict[str, dict[str, str]] = {
     "hat.engine.trainer": {"Trainer": _ENGINE["Trainer"]},
     "hat.engine.predictor": {"Predictor": _ENGINE["Predictor"], "launch": "hat_ignite.engine.launcher:launch_distributed"},
     "hat.engine.calibrator": {"Calibrator": _ENGINE["Calibrator"]},
+    "hat.engine.inference": {"Inference": _ENGINE["Inference"]},
     "hat.engine.loop_base": {"LoopBase": _ENGINE["LoopBase"], "PipeBase": "hat_ignite.engine.pipe:PipeBase"},
     "hat.engine.ddp_trainer": {
         "DistributedDataParallelTrainer": _ENGINE["DistributedDataParallelTrainer"],

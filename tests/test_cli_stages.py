@@ -64,9 +64,11 @@ def test_saved_int8_model_reloads_with_the_reported_accuracy(chain):
 
 
 def test_a_stage_whose_input_is_missing_fails_fast(tmp_path):
+    """Refused by the launching process, once, before any of the two ranks starts."""
     work = tmp_path / "fresh"
-    out = run_tool("hat-train", DIGITS_CONFIG, "--stage", "qat", "--work-dir", work, cwd=tmp_path)
+    out = run_tool("hat-train", DIGITS_CONFIG, "--stage", "qat", "--work-dir", work, "--nproc", "2", cwd=tmp_path)
     assert out.returncode == 1
     assert f"needs {work / 'checkpoints' / 'calibration-checkpoint-best.pth.tar'}, which does not exist" in out.stderr
+    assert out.stderr.count("which does not exist") == 1 and "(rank" not in out.stderr
     assert "stage 'calibration'" in out.stderr and "--stage calibration" in out.stderr
     assert not work.exists()

@@ -164,7 +164,13 @@ def test_config_imports_modules_next_to_it_relatively_and_absolutely(tmp_path):
     (plain / "cfg.py").write_text("from .consts import WIDTH\nimport helpers.sizes\nmodel = dict(width=WIDTH, depth=helpers.sizes.DEPTH)\n")
     cfg = Config.fromfile(plain / "cfg.py")
     assert cfg.model == {"width": 7, "depth": 3} and cfg["model"] is cfg.model  # HAT's attribute access too
-    assert str(plain) not in sys.path  # the directory was on sys.path only while the file ran
+    # it imported modules from its directory: the directory stays first on sys.path, so processes
+    # started later with spawn / forkserver (which get this sys.path) import them too
+    assert sys.path[0] == str(plain)
+    sys.path.remove(str(plain))
+    (plain / "alone.py").write_text("lr = 0.1\n")
+    Config.fromfile(plain / "alone.py")
+    assert str(plain) not in sys.path  # nothing imported from there: on sys.path only while the file ran
 
     pkg = tmp_path / "proj" / "configs"
     pkg.mkdir(parents=True)
@@ -175,6 +181,8 @@ def test_config_imports_modules_next_to_it_relatively_and_absolutely(tmp_path):
     cfg = Config.fromfile(pkg / "exp.py")
     assert (cfg["lr"], cfg["same"]) == (0.5, True)
     assert sys.modules["proj.configs.base"].LR == 0.5  # the package's own module
+    assert sys.path[:2] == [str(pkg), str(tmp_path)]
+    del sys.path[:2]
     with pytest.raises(AttributeError, match="has no key 'lrr'. Did you mean 'lr'"):
         cfg.lrr
 

@@ -113,13 +113,12 @@ def test_torch_compile_is_torch2compile_with_hats_arguments():
 
 @pytest.mark.parametrize("name, why", [
     ("MultiStageBatchProcessor", r"MultitaskGraphModel\.split_module.*use 'MultiBatchProcessor'"),
-    ("Inference", r"march.*use 'Predictor'"),
     ("ExceptionMonitor", r"AIDI's monitoring service.*drop the callback"),
 ])
 def test_engine_classes_left_out_are_refused_by_name(hat_alias, name, why):
     with pytest.raises(ConfigError, match=rf"x\.type: type '{name}' is a HAT class hat-ignite does not provide: .*{why}"):
         build_from_cfg({"type": name}, key_path="x")
-    module = {"MultiStageBatchProcessor": "hat.engine.processors", "Inference": "hat.engine.inference",
+    module = {"MultiStageBatchProcessor": "hat.engine.processors",
               "ExceptionMonitor": "hat.callbacks.exception_monitor"}[name]
     with pytest.raises(ImportError, match=rf"{name} is a HAT class hat-ignite does not provide: .*{why}"):
         exec(f"from {module} import {name}")

@@ -63,6 +63,36 @@ def test_checkpoint_load_objects_then_fit_continues_at_the_saved_epoch(tmp_path,
     assert torch.equal(weights(resumed), straight)
 
 
+def test_ignite_checkpoint_inside_an_epoch_of_a_shuffling_loader_resumes_exactly(tmp_path):
+    """Ignite's recipe, saved inside an epoch: ``trainer.state_dict()`` holds the position in the
+    epoch, its shuffle order and the generators (dropout), so the resumed run ends with the
+    straight run's weights, bit for bit, as ``hat-train --resume`` does."""
+
+    def shuffling_trainer(seed):
+        torch.manual_seed(seed)
+        model = MLPClassifier(hidden_features=32, dropout=0.3)
+        data = DataLoader(Subset(DigitsDataset("train"), range(256)), batch_size=256 // STEPS, shuffle=True)
+        return Trainer(model=model, data_loader=data, optimizer=torch.optim.SGD(model.parameters(), lr=0.2),
+                       batch_processor=BasicBatchProcessor(need_grad_update=True,
+                                                           loss_collector=collect_loss_by_index(0)),
+                       device=None, num_epochs=2)
+
+    straight = shuffling_trainer(seed=0)
+    to_save = {"trainer": straight, "model": straight.model, "optimizer": straight.optimizer}
+    straight.add_event_handler(Events.ITERATION_COMPLETED(once=STEPS + 2),  # inside the second epoch
+                               Checkpoint(to_save, DiskSaver(str(tmp_path), require_empty=False)))
+    straight.fit()
+
+    resumed = shuffling_trainer(seed=1)  # other weights and generators: all must come from the checkpoint
+    steps = []
+    resumed.add_event_handler(Events.ITERATION_COMPLETED, lambda e: steps.append(e.state.iteration))
+    Checkpoint.load_objects({"trainer": resumed, "model": resumed.model, "optimizer": resumed.optimizer},
+                            str(tmp_path / f"checkpoint_{STEPS + 2}.pt"))
+    resumed.fit()
+    assert steps == list(range(STEPS + 3, 2 * STEPS + 1))
+    assert torch.equal(weights(resumed), weights(straight))
+
+
 def test_load_state_dict_mid_epoch_then_fit_runs_the_rest():
     trainer = make_trainer(num_epochs=2)
     steps = []

@@ -69,3 +69,24 @@ def test_hat_train_says_each_thing_once_and_names_an_earlier_run(tmp_path):
     assert "--resume auto" in note and "another --work-dir" in note
     assert "removed 1 event file(s) of an earlier run" in out
     assert note.split(" WARNING ", 1)[1] in (work_dir / "float_train.log").read_text()
+
+
+def test_each_step_s_lr_is_logged_once_with_cos_lr_updater_defaults(caplog):
+    """``step_log_interval=1`` (the default): one line per step, the epoch's first step included (HAT
+    logs that step twice, at epoch begin and at step begin); with 2, the epoch begin logs step 0."""
+    from hat_ignite.callbacks import CosLrUpdater
+
+    for interval, logged in ((1, [0, 1, 2, 3, 4, 5]), (2, [0, 1, 3, 5])):
+        torch.manual_seed(0)
+        model = MLPClassifier(hidden_features=4)
+        trainer = Trainer(
+            model, DataLoader(Subset(DigitsDataset("train"), range(24)), batch_size=8),
+            torch.optim.SGD(model.parameters(), lr=0.2),
+            BasicBatchProcessor(True, loss_collector=collect_loss_by_index(0)), device=None, num_epochs=2,
+            callbacks=[CosLrUpdater(step_log_interval=interval)],
+        )
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="hat_ignite.callbacks.lr_updater_base"):
+            trainer.fit()
+        steps = [int(re.search(r"GlobalStep\[(\d+)\] lr=", r.getMessage())[1]) for r in caplog.records]
+        assert steps == logged, interval

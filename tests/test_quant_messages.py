@@ -42,3 +42,15 @@ def test_the_int8_dry_run_counts_the_int8_weights(float_then_calibration):
     # MLPClassifier 64-128-10: 64*128 + 128*10 = 9,472 int8 weights; the 138 float biases stay parameters
     assert "model: MLPClassifier (138 parameters, " in proc.stdout and "; 9,472 int8 values)" in proc.stdout
     assert "WARNING" not in proc.stderr
+
+
+def test_predict_loads_the_checkpoint_its_pipeline_loads_once(float_then_calibration):
+    """``float_checkpoint`` (hat-predict's default --ckpt) is the file the stage's LoadCheckpoint loads."""
+    work_dir, cwd, _ = float_then_calibration
+    best = work_dir / "checkpoints" / "float-checkpoint-best.pth.tar"
+    pipeline = {"type": "ModelConvertPipeline", "converters": [{"type": "LoadCheckpoint", "checkpoint_path": str(best)}]}
+    proc = run_tool("hat-predict", DIGITS_CONFIG, "--work-dir", work_dir, "--dry-run",
+                    "--opts", f"float_predictor.model_convert_pipeline={pipeline!r}", cwd=cwd, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr.count(f"Loaded model weights from {best}.") == 1
+    assert f"checkpoint: {best}" in proc.stdout

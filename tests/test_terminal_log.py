@@ -96,3 +96,16 @@ def test_a_batch_without_labels_is_reported_once(tmp_path):
     assert sum("needs labels" in line for line in screen) == 1
     for line in screen[:starts[0]]:
         assert LOG_LINE.match(line) and not BAR_TEXT.search(line), line
+
+
+def test_a_terminal_with_no_size_gets_the_line_per_epoch(tmp_path):
+    """A pseudo-terminal nobody sized (0 x 0, as some job runners give) cannot show a bar: each
+    epoch still ends with its line."""
+    code, raw = run_on_a_pty(
+        [sys.executable, str(ROOT / "bin" / "hat-train"), str(DIGITS_CONFIG), "--work-dir", str(tmp_path / "wd"),
+         "--opts", "float_trainer.num_epochs=1"], tmp_path, 0, 0)
+    screen = _screen(raw)
+    assert code == 0, "\n".join(screen[-20:])
+    assert any(re.search(r"hat_ignite.cli.train: Epoch\[0\] last loss=[0-9.]+ lr=[0-9.]+ \(", line) for line in screen)
+    for line in screen:
+        assert LOG_LINE.match(line) and not BAR_TEXT.search(line), line

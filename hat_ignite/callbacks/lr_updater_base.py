@@ -88,8 +88,9 @@ class LrUpdaterBase(CallbackMixin):
         warmup_mode: ``"linear"`` or ``"constant"``.
         warmup_begin_lr: the lr a linear warmup starts from.
         warmup_lr_ratio: the warmup ends at ``base_lr * warmup_lr_ratio`` (in ``[0, 1]``).
-        step_log_interval: log the lr every this many steps when it is set on steps (it is
-            logged on every epoch begin).
+        step_log_interval: log the lr every this many steps when it is set on steps. It is
+            logged on every epoch begin too, unless that step is one of them: each step is
+            logged once.
 
     Subclasses implement :meth:`get_lr` and may override :meth:`prepare` (run-length checks)
     and :meth:`get_warmup_lr`.
@@ -251,15 +252,26 @@ class LrUpdaterBase(CallbackMixin):
         # the epoch's first step: 0, or the step a run resumed inside the epoch goes on from
         first = getattr(getattr(kwargs.get("loop"), "state", None), "epoch_first_step", None)
         step_id = global_step_id - first if isinstance(first, int) and 0 <= first <= global_step_id else 0
-        self._log(optimizer, epoch_id, step_id, global_step_id)
+        if not (type(self).on_step_begin is LrUpdaterBase.on_step_begin and self._logs_step(global_step_id)):
+            self._log(optimizer, epoch_id, step_id, global_step_id)  # else on_step_begin logs the same step
 
     def on_step_begin(self, optimizer: torch.optim.Optimizer, epoch_id: int, step_id: int,
                       global_step_id: int, **kwargs: Any) -> None:
-        per_step = self.update_by == "step" or global_step_id < self.warmup_steps
+        per_step = self._per_step(global_step_id)
         if per_step or self._apply_next_step:
             self._apply(optimizer, epoch_id, global_step_id)
-            if per_step and (global_step_id + 1) % self.step_log_interval == 0:
+            if per_step and self._logs_step(global_step_id):
                 self._log(optimizer, epoch_id, step_id, global_step_id)
+
+    def _per_step(self, global_step_id: int) -> bool:
+        """Whether the lr of this step is set at its begin (warmup, or ``update_by="step"``)."""
+        return self.update_by == "step" or global_step_id < self.warmup_steps
+
+    def _logs_step(self, global_step_id: int) -> bool:
+        """Whether :meth:`on_step_begin` logs the lr of this step (each ``step_log_interval``-th
+        step whose lr is set per step). The epoch's begin logs its first step only otherwise, so a
+        step is logged once (HAT logs the first step of such an epoch twice)."""
+        return self._per_step(global_step_id) and (global_step_id + 1) % self.step_log_interval == 0
 
     def _apply(self, optimizer: torch.optim.Optimizer, epoch_id: int, global_step_id: int) -> None:
         for group, base_lr in zip(optimizer.param_groups, self._base_lrs or ()):

@@ -11,12 +11,13 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sys
 from typing import Sequence
 
 from hat_ignite.config import Config
 from hat_ignite.errors import ConfigError
 
-__all__ = ["make_parser", "parse_arguments", "export_hat_environment", "use_hat_alias"]
+__all__ = ["make_parser", "parse_arguments", "export_hat_environment", "use_hat_alias", "prepare_config_imports"]
 
 logger = logging.getLogger("hat_ignite.cli")
 
@@ -40,7 +41,7 @@ def _stages_line(argv: Sequence[str]) -> str:
     path = known.config_flag or known.config
     if not path:
         return "Stages: give CONFIG before --help to list the stages it defines."
-    use_hat_alias(not known.no_hat_alias)
+    prepare_config_imports(not known.no_hat_alias)
     try:
         stages = Config.fromfile(path).stages()
     except ConfigError as exc:
@@ -126,3 +127,23 @@ def use_hat_alias(enabled: bool) -> None:
     from hat_ignite.hat_alias import install_hat_alias
 
     logger.info("%s", install_hat_alias())
+
+
+def prepare_config_imports(hat_alias: bool) -> None:
+    """What a config's imports need: the ``hat`` alias (unless disabled), then the directory the
+    command runs from, last on ``sys.path``.
+
+    A config may import the modules of the directory the command runs from (``import
+    my_project.models`` from a project's root) as with ``PYTHONPATH=$PWD``; last, so that an
+    installed package of the same name wins, and added after the alias is settled, so that it
+    never changes which ``hat`` is used. Processes started with ``spawn`` / ``forkserver`` (DDP
+    ranks, DataLoader workers) get this ``sys.path`` and import the same modules.
+    :func:`hat_ignite.cli.common.run_main` takes the directory off again when the command ends.
+    """
+    use_hat_alias(hat_alias)
+    try:
+        here = os.getcwd()
+    except OSError:  # the directory was removed under the command
+        return
+    if here not in {os.path.abspath(entry) if entry else here for entry in sys.path if isinstance(entry, str)}:
+        sys.path.append(here)

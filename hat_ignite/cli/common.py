@@ -15,7 +15,9 @@ import traceback
 from collections.abc import Mapping
 from typing import Any, Callable, Sequence
 
-from hat_ignite.cli.arguments import export_hat_environment, make_parser, parse_arguments, use_hat_alias
+from hat_ignite.cli.arguments import (
+    export_hat_environment, make_parser, parse_arguments, prepare_config_imports, use_hat_alias,
+)
 from hat_ignite.cli.describe import describe_engine
 from hat_ignite.cli.write_errors import LogFile, log_file_failures
 from hat_ignite.config import Config
@@ -48,13 +50,14 @@ def load_config(
     ``./work_dirs/<config name>``. When it differs from the ``work_dir`` the file sets, every
     string of the config at or under the file's ``work_dir`` (checkpoint dirs ...) moves with it.
     With ``hat_alias`` the config and the modules it imports may import from ``hat.*``
-    (:func:`hat_ignite.hat_alias.install_hat_alias`). ``overwrite=False`` is HAT's
+    (:func:`hat_ignite.hat_alias.install_hat_alias`); the config may import the modules of the
+    directory the command runs from (:func:`~hat_ignite.cli.arguments.prepare_config_imports`). ``overwrite=False`` is HAT's
     ``--opts-overwrite False``: overrides of keys the config has are skipped.
 
     Returns:
         The config and the absolute work dir.
     """
-    use_hat_alias(hat_alias)
+    prepare_config_imports(hat_alias)
     cfg = Config.fromfile(path)
     file_work_dir = cfg.get("work_dir")
     cfg.merge_opts(opts, overwrite=overwrite)
@@ -93,6 +96,7 @@ def run_main(prog: str, body: Callable[[list[str]], int], argv: Sequence[str] | 
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args
     alias_before = hat_alias_installed()  # a command run from Python leaves the import hook as it found it
+    path_before = set(sys.path)  # ... and sys.path without the working directory it adds
     log_file_failures()
     try:
         code = body(args)
@@ -117,6 +121,18 @@ def run_main(prog: str, body: Callable[[list[str]], int], argv: Sequence[str] | 
         teardown_logging()
         if not alias_before and hat_alias_installed():
             uninstall_hat_alias()
+        _forget_working_directory(path_before)
+
+
+def _forget_working_directory(path_before: set[str]) -> None:
+    """Take off ``sys.path`` the working directory the command added to it (see
+    :func:`~hat_ignite.cli.arguments.prepare_config_imports`)."""
+    try:
+        here = os.getcwd()
+    except OSError:
+        return
+    if here not in path_before and here in sys.path:
+        sys.path.remove(here)
 
 
 def command_line(prog: str, argv: Sequence[str]) -> str:

@@ -4,7 +4,8 @@ Builds the stage's ``{stage}_predictor``, loads the trained weights into its mod
 writes the metrics to ``metrics.json`` in the work dir under the key ``{stage}_predict`` (next
 to the ``{stage}_train`` entry ``hat-train`` wrote). The weights come from ``--ckpt``, else from
 the config's ``{stage}_checkpoint`` key; with neither, the model runs with the weights the config
-builds (a warning says so). Checkpoints are loaded with
+builds (a warning says so); a file the stage's own ``LoadCheckpoint`` (in its
+``model_convert_pipeline``) loads is not loaded again. Checkpoints are loaded with
 :class:`hat_ignite.callbacks.checkpoint_state.LoadCheckpoint`: weights-only, hash-verified, and
 the weights must fit the model exactly. HAT's ``tools/predict.py`` spelling
 (``-c CONFIG -s STAGE --ckpt PATH --opts KEY VALUE ...``) works too.
@@ -90,11 +91,12 @@ def _predict(argv: Sequence[str]) -> int:
             f"{args.config} --stage {args.stage}) or pass the path of a checkpoint with --ckpt."
         )
     inputs = check_stage_inputs(cfg, args.stage, stage_key, args.config)
+    ckpt_loaded_by_stage = ckpt is not None and os.path.abspath(ckpt) in inputs  # by the stage's LoadCheckpoint
     work_dir = WorkDir(work_path)
     seed_everything(cfg)
     try:
         predictor = build_stage(cfg, stage_key)
-        if ckpt is not None:
+        if ckpt is not None and not ckpt_loaded_by_stage:
             from hat_ignite.callbacks.checkpoint_state import LoadCheckpoint
 
             try:
@@ -143,7 +145,7 @@ def _predict(argv: Sequence[str]) -> int:
     saved = save_stage_model(cfg, args.stage, predictor, work_path)
     record_lineage(
         work_path, args.stage, "hat-predict", cfg.filename, work_dir.file(f"{args.stage}_predict_config.py"),
-        inputs + ([os.path.abspath(ckpt)] if ckpt else []), [saved] if saved else [],
+        inputs + ([os.path.abspath(ckpt)] if ckpt and not ckpt_loaded_by_stage else []), [saved] if saved else [],
     )
     return 0
 

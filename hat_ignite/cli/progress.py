@@ -1,5 +1,9 @@
 """What ``hat-train`` shows while it trains: a tqdm bar on a terminal, a line per epoch otherwise.
 
+A terminal that reports no size (0 columns: a pseudo-terminal nobody sized, as some job runners
+and containers give) cannot show a bar, so it gets the line per epoch too
+(:func:`has_room_for_a_bar`).
+
 On a terminal the bar and the log share stderr: :class:`ConsoleHandler` writes each log line
 through ``tqdm.write``, which lifts the bar, prints the line whole and redraws the bar under it,
 so no line is ever printed into the bar. The bar of an epoch disappears when the epoch ends
@@ -12,12 +16,29 @@ exits. The loss and lr shown by the bar are read only when the bar redraws (tqdm
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import IO, Any, Callable
 
-__all__ = ["ConsoleHandler", "TerminalBar", "attach_epoch_line"]
+__all__ = ["ConsoleHandler", "TerminalBar", "attach_epoch_line", "has_room_for_a_bar"]
 
 logger = logging.getLogger("hat_ignite.cli.train")
+
+
+def has_room_for_a_bar(stream: IO[str]) -> bool:
+    """Whether ``stream`` is a terminal with a size (at least one column) to draw a bar in.
+
+    >>> import io
+    >>> has_room_for_a_bar(io.StringIO())
+    False
+    """
+    isatty = getattr(stream, "isatty", None)
+    if not (isatty and isatty()):
+        return False
+    try:
+        return os.get_terminal_size(stream.fileno()).columns > 0
+    except (OSError, ValueError):  # no size to read
+        return False
 
 
 class ConsoleHandler(logging.StreamHandler):

@@ -62,7 +62,7 @@ from hat_ignite.cli.distributed import (
     follow_launcher_signals,
     is_main_process,
 )
-from hat_ignite.cli.progress import TerminalBar, attach_epoch_line
+from hat_ignite.cli.progress import TerminalBar, attach_epoch_line, has_room_for_a_bar
 from hat_ignite.cli.resume import (
     add_resume_argument,
     apply_resume,
@@ -91,7 +91,7 @@ def _lr_of(trainer: Any) -> float | None:
 
 
 def _attach_progress(trainer: Any) -> TerminalBar | None:
-    """Rank 0: a tqdm bar (loss, lr) when stderr is a terminal; otherwise a log line per epoch.
+    """Rank 0: a tqdm bar (loss, lr) when stderr is a terminal with a size; otherwise a log line per epoch.
 
     Returns:
         The bar (to close if training fails), or ``None``.
@@ -105,7 +105,7 @@ def _attach_progress(trainer: Any) -> TerminalBar | None:
         shown = {"loss": loss_value(trainer.state.losses), "lr": _lr_of(trainer)}
         return {k: v for k, v in shown.items() if v is not None}
 
-    if sys.stderr.isatty():
+    if has_room_for_a_bar(sys.stderr):
         return TerminalBar(trainer, sys.stderr, loss_and_lr)
     attach_epoch_line(trainer, loss_and_lr)
     return None
@@ -194,10 +194,10 @@ def _train(argv: Sequence[str]) -> int:
     import torch
 
     args.device_ids = device_ids_of(cfg, args.device_ids, args.nproc, torch.cuda.is_available())
+    inputs = check_stage_inputs(cfg, args.stage, stage_key, args.config)  # refused once, before any rank starts
     exit_code = distributed_stage(args, argv, cfg, stage_key, _train)  # starts the processes of a DDP run
     if exit_code is not None:
         return exit_code
-    inputs = check_stage_inputs(cfg, args.stage, stage_key, args.config)
     work_dir = WorkDir(work_path)
     seed_everything(cfg)
     try:

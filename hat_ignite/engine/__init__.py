@@ -13,6 +13,7 @@ _EXPORTS = {
     "hat_ignite.engine.calibrator": ["Calibrator"],
     "hat_ignite.engine.ddp_trainer": ["DataParallelTrainer", "DistributedDataParallelTrainer"],
     "hat_ignite.engine.events": ["HOOK_EVENTS", "HatEvents"],
+    "hat_ignite.engine.inference": ["Inference"],
     "hat_ignite.engine.launcher": ["build_launcher"],
     "hat_ignite.engine.loop": ["LoopBase"],
     "hat_ignite.engine.outputs": ["loss_output"],
@@ -41,6 +42,7 @@ __all__ = [
     "build_launcher",
     "Predictor",
     "Calibrator",
+    "Inference",
     "BatchProcessorMixin",
     "BasicBatchProcessor",
     "MultiBatchProcessor",
@@ -56,6 +58,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
     from hat_ignite.engine.calibrator import Calibrator
     from hat_ignite.engine.ddp_trainer import DataParallelTrainer, DistributedDataParallelTrainer
     from hat_ignite.engine.events import HOOK_EVENTS, HatEvents
+    from hat_ignite.engine.inference import Inference
     from hat_ignite.engine.launcher import build_launcher
     from hat_ignite.engine.loop import LoopBase
     from hat_ignite.engine.outputs import loss_output

@@ -33,7 +33,10 @@ starts a pass of its own.
 
 Ignite's own recipes. A state loaded with :meth:`~ResumableLoopMixin.load_state_dict` (as
 ``ignite.handlers.Checkpoint.load_objects`` does) makes the next ``fit()`` start at the loaded
-iteration; a run paused by Ignite's ``interrupt()`` is continued by the next ``fit()``.
+iteration; a run paused by Ignite's ``interrupt()`` is continued by the next ``fit()``. The
+loop's :meth:`~ResumableLoopMixin.state_dict` carries the data position and the generator states
+(:data:`RESUME_KEY`), so a state Ignite's ``Checkpoint`` saved inside an epoch resumes exactly as
+above.
 
 Stopping. :meth:`~ResumableLoopMixin.request_stop` (safe to call from a signal handler: it only
 stores the reason) makes the loop stop at the next step boundary: the NaN/Inf flags still in
@@ -52,13 +55,14 @@ from __future__ import annotations
 import functools
 import logging
 import weakref
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
 from hat_ignite.engine.data_wait import DEFAULT_DATA_WAIT_LIMIT, DataWait
-from hat_ignite.engine.resume import ResumableData, set_rng_state
+from hat_ignite.engine.resume import ResumableData, rng_state, set_rng_state
 from hat_ignite.engine.stop_vote import StopVote
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -68,7 +72,10 @@ if TYPE_CHECKING:  # pragma: no cover
 else:
     _EngineBase = object
 
-__all__ = ["ResumableLoopMixin"]
+__all__ = ["ResumableLoopMixin", "RESUME_KEY"]
+
+#: The key of a loop's ``state_dict()`` holding its data position and generator states.
+RESUME_KEY = "hat_ignite_resume"
 
 logger = logging.getLogger(__name__)
 
@@ -236,15 +243,29 @@ class ResumableLoopMixin(_EngineBase):
             return
         self._pending_position = {**data_state, "rng": rng}
 
+    def state_dict(self) -> OrderedDict:
+        """Ignite's :meth:`~ignite.engine.Engine.state_dict`; once the loop has trained, also
+        ``{RESUME_KEY: {"data": data_state_dict(), "rng": rng_state()}}`` (weights-only loadable),
+        which Ignite's ``Checkpoint`` saves and :meth:`load_state_dict` puts back."""
+        state = super().state_dict()
+        data = self.data_state_dict()
+        if data is not None:
+            state[RESUME_KEY] = {"data": data, "rng": rng_state()}
+        return state
+
     def load_state_dict(self, state_dict: Mapping) -> None:
         """Ignite's :meth:`~ignite.engine.Engine.load_state_dict`; the next :meth:`fit` continues from it.
 
         So Ignite's resume recipe (``Checkpoint.load_objects({"trainer": trainer, ...})`` or
         ``trainer.load_state_dict(sd)``, then ``fit()``) goes on at the restored iteration, as
-        ``run()`` would, up to this loop's ``num_epochs`` / ``num_steps``.
+        ``run()`` would, up to this loop's ``num_epochs`` / ``num_steps``, with the data position
+        and generators of a :meth:`state_dict` (see :meth:`load_data_state_dict`).
         """
         super().load_state_dict(state_dict)
         self._state_restored = True
+        saved = state_dict.get(RESUME_KEY)
+        if isinstance(saved, Mapping):
+            self.load_data_state_dict(saved.get("data"), saved.get("rng"))
 
     # -- used by fit() and the bridge handlers --------------------------------------------------
     def _drop_paused_run(self) -> None:
