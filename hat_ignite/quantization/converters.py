@@ -304,8 +304,8 @@ class Calibration2QAT:
 
 
 def _read_attributes(graph: GraphModule) -> set[str]:
-    """The parameters, buffers and attributes the graph reads."""
-    return {str(node.target) for node in graph.graph.nodes if node.op == "get_attr"}
+    """The parameters, buffers and attributes the graph reads (and uses)."""
+    return {str(node.target) for node in graph.graph.nodes if node.op == "get_attr" and node.users}
 
 
 def _drop_unused_weights(graph: GraphModule, only: set[str] | None = None) -> int:

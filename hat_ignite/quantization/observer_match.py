@@ -127,7 +127,7 @@ def uncalled_modules(module: nn.Module, graph: fx.GraphModule) -> list[str]:
     for node in graph.graph.nodes:
         for fqn, _ in (node.meta.get("nn_module_stack") or {}).values():
             called.add(str(fqn))
-    read = {str(node.target).rpartition(".")[0] for node in graph.graph.nodes if node.op == "get_attr"}
+    read = {str(node.target).rpartition(".")[0] for node in graph.graph.nodes if node.op == "get_attr" and node.users}
     return [
         name for name, sub in module.named_modules()
         if name and name not in called and name not in read
