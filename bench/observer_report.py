@@ -1,13 +1,16 @@
 """Calibration accuracy of HAT's calibration observers on a model with outlier activations.
 
-Trains the digits MLP of ``configs/classification/digits_mlp.py`` (its float stage, through
-``hat-train``), then calibrates it with each activation observer (``min_max``, ``percentile``,
-``mse``, ``kl``, ``mix``) on the same 640 training images (10 steps of 64, the config's
-calibration), twice: as they are, and with hot pixels (one pixel at 30 times full scale in
-one image in 40, as a saturated sensor gives): those images make outliers in the input and in
-every activation after it. For each run: the accuracy of the calibrated model, fake-quantized as
-int8, on the 360 clean validation images (the float model's accuracy beside it), the range the
-input quantizer took, and the time the 10 calibration steps took.
+Trains the digits MLP of ``configs/classification/digits_mlp.py`` (64 -> 128 -> 10, its float
+stage, through ``hat-train``), then makes its hidden layer's activations outliers: two of the 128
+hidden units are rescaled, the weights and bias into them multiplied by ``k`` and the weights out
+of them divided by ``k``. ReLU is positively homogeneous, so the float model computes the same
+logits for every ``k``, but those two channels' activations are ``k`` times the others' (the
+channel-range imbalance that cross-layer equalization removes), and one per-tensor uint8 range
+must hold both. The model is calibrated with each activation observer (``min_max``,
+``percentile``, ``mse``, ``kl``, ``mix``) on the same 640 training images (10 steps of 64, the
+config's calibration) and the fake-quantized int8 model's accuracy is measured on the 360
+validation images, for ``k`` = 1 (the trained model), 100, 300 and 1000. Also: the hidden
+activation's range at ``k`` = 300 and the time of the 10 calibration steps (``k`` = 1).
 
     python bench/observer_report.py [--work-dir work_dirs/observer_report] [--reuse]
 
@@ -23,12 +26,14 @@ import platform
 import subprocess
 import sys
 import time
+from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "classification", "digits_mlp.py")
 OBSERVERS = ("min_max", "percentile", "mse", "kl", "mix")
+FACTORS = (1.0, 100.0, 300.0, 1000.0)
+OUTLIER_UNITS = (0, 1)
 STEPS, BATCH = 10, 64
-HOT_VALUE, HOT_EVERY = 30.0, 40
 
 
 def train_float(work_dir: str, reuse: bool) -> str:
@@ -41,36 +46,56 @@ def train_float(work_dir: str, reuse: bool) -> str:
     return ckpt
 
 
-def calibration_batches(hot: bool) -> list:
-    """The first 640 training images in a seeded order, as 10 batches; ``hot``: with hot pixels."""
+class OutlierChannels:
+    """A converter: hidden units ``OUTLIER_UNITS`` of the MLP scaled by ``factor`` (same float function)."""
+
+    def __init__(self, factor: float) -> None:
+        self.factor = factor
+
+    def __call__(self, model: Any) -> Any:
+        import torch
+
+        first, last = model.net[0], model.net[2]
+        with torch.no_grad():
+            for unit in OUTLIER_UNITS:
+                first.weight[unit] *= self.factor
+                first.bias[unit] *= self.factor
+                last.weight[:, unit] /= self.factor
+        return model
+
+
+def calibration_batches() -> list:
+    """The first 640 training images in a seeded order, as 10 batches of 64."""
     import torch
 
     from hat_ignite.data import DigitsDataset
 
     data = DigitsDataset(split="train", val_ratio=0.2, seed=0)
     order = torch.randperm(len(data), generator=torch.Generator().manual_seed(0))[: STEPS * BATCH]
-    images = torch.stack([data[int(i)]["img"] for i in order])
-    labels = torch.tensor([int(data[int(i)]["labels"]) for i in order])
-    if hot:
-        g = torch.Generator().manual_seed(1)
-        rows = torch.arange(0, len(images), HOT_EVERY)
-        images[rows, torch.randint(0, images.shape[1], (len(rows),), generator=g)] = HOT_VALUE
-    return [{"img": images[i:i + BATCH], "labels": labels[i:i + BATCH]} for i in range(0, len(images), BATCH)]
+    batch = torch.utils.data.default_collate([data[int(i)] for i in order])
+    return [{"img": batch["img"][i:i + BATCH], "labels": batch["labels"][i:i + BATCH]}
+            for i in range(0, STEPS * BATCH, BATCH)]
 
 
-def calibrate(observer: str, float_ckpt: str, batches: list) -> tuple[object, float]:
+def mlp() -> Any:
+    from hat_ignite.models import MLPClassifier
+
+    return MLPClassifier(in_features=64, hidden_features=128, num_classes=10)
+
+
+def calibrate(observer: str, float_ckpt: str, factor: float, batches: list) -> tuple[Any, float]:
     """A Calibrator run with ``observer``; returns the calibrated model and the seconds its steps took."""
     from hat_ignite.callbacks.checkpoint_state import LoadCheckpoint
     from hat_ignite.engine import BasicBatchProcessor
     from hat_ignite.engine.calibrator import Calibrator
-    from hat_ignite.models import MLPClassifier
     from hat_ignite.quantization import Float2Calibration, ModelConvertPipeline
 
     calibrator = Calibrator(
-        model=MLPClassifier(in_features=64, hidden_features=128, num_classes=10), data_loader=batches,
-        batch_processor=BasicBatchProcessor(need_grad_update=False), num_steps=STEPS,
+        model=mlp(), data_loader=batches, batch_processor=BasicBatchProcessor(need_grad_update=False),
+        num_steps=STEPS,
         model_convert_pipeline=ModelConvertPipeline(
-            converters=[LoadCheckpoint(float_ckpt), Float2Calibration(example_inputs=batches[0], modules=["net"])],
+            converters=[LoadCheckpoint(float_ckpt), OutlierChannels(factor),
+                        Float2Calibration(example_inputs=batches[0], modules=["net"])],
             qconfig_params=dict(activation_calibration_observer=observer),
         ),
     )
@@ -79,16 +104,21 @@ def calibrate(observer: str, float_ckpt: str, batches: list) -> tuple[object, fl
     return calibrator.model, time.perf_counter() - start
 
 
-def accuracy(model, val: dict) -> float:
+def accuracy(model: Any, val: dict) -> float:
     import torch
 
     with torch.no_grad():
         return float((model.eval()(val).argmax(dim=1) == val["labels"]).float().mean())
 
 
-def input_range(model) -> str:
-    observed = model.net.graph.activation_post_process_0.activation_post_process
-    return f"[{float(observed.min_val):.2f}, {float(observed.max_val):.2f}]"
+def hidden_range(model: Any) -> str:
+    """The range of the hidden activation (the second Linear's input)."""
+    graph = model.net.graph
+    name = next(n.target for n in graph.graph.nodes
+                if n.op == "call_module" and "activation_post_process" in str(n.target)
+                and any("relu" in str(a) for a in n.args))
+    observed = graph.get_submodule(name).activation_post_process
+    return f"[{float(observed.min_val):.1f}, {float(observed.max_val):.1f}]"
 
 
 def measure(float_ckpt: str) -> str:
@@ -97,26 +127,28 @@ def measure(float_ckpt: str) -> str:
     sys.path.insert(0, ROOT)
     from hat_ignite.callbacks.checkpoint_state import LoadCheckpoint
     from hat_ignite.data import DigitsDataset
-    from hat_ignite.models import MLPClassifier
 
     torch.set_num_threads(1)
     data = DigitsDataset(split="val", val_ratio=0.2, seed=0)
     val = torch.utils.data.default_collate([data[i] for i in range(len(data))])
-    float_model = LoadCheckpoint(float_ckpt)(MLPClassifier(in_features=64, hidden_features=128, num_classes=10))
+    batches = calibration_batches()
+    floats = [accuracy(OutlierChannels(k)(LoadCheckpoint(float_ckpt)(mlp())), val) for k in FACTORS]
+    calibrate("min_max", float_ckpt, 1.0, batches)  # warm-up: the first run imports and compiles
     rows = []
     for observer in OBSERVERS:
-        cells = []
-        for hot in (False, True):
-            model, seconds = calibrate(observer, float_ckpt, calibration_batches(hot))
-            cells.append((accuracy(model, val), input_range(model), seconds))
-        (clean, clean_range, clean_s), (hot, hot_range, hot_s) = cells
-        rows.append(f"| `{observer}` | {100 * clean:.2f} % | {clean_range} | {clean_s:.2f} s | "
-                    f"{100 * hot:.2f} % | {hot_range} | {hot_s:.2f} s |")
+        cells, ranges, seconds = [], "", 0.0
+        for k in FACTORS:
+            model, took = calibrate(observer, float_ckpt, k, batches)
+            cells.append(f"{100 * accuracy(model, val):.2f} %")
+            seconds = took if k == 1.0 else seconds
+            ranges = hidden_range(model) if k == 300.0 else ranges
+        rows.append(f"| `{observer}` | {' | '.join(cells)} | {ranges} | {seconds:.2f} s |")
+    same = "the same" if len(set(floats)) == 1 else "not the same: " + ", ".join(f"{100 * a:.2f} %" for a in floats)
     head = (
-        f"float model: {100 * accuracy(float_model, val):.2f} % on the {len(data)} validation images; "
-        f"int8 (fake-quantized) after 10 calibration steps of 64 training images; "
-        f"{platform.processor() or platform.machine()}, torch {torch.__version__}, 1 thread\n\n"
-        "| observer | clean: accuracy | input range | steps | hot pixels: accuracy | input range | steps |\n"
+        f"float model: {100 * floats[0]:.2f} % on the {len(data)} validation images at every k ({same}); "
+        f"int8 fake-quantized after 10 calibration steps of 64 training images; "
+        f"{platform.machine()}, torch {torch.__version__}, 1 thread\n\n"
+        "| observer | k = 1 | k = 100 | k = 300 | k = 1000 | hidden range, k = 300 | 10 steps, k = 1 |\n"
         "|---|---|---|---|---|---|---|"
     )
     return head + "\n" + "\n".join(rows)

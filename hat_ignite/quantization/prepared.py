@@ -120,25 +120,36 @@ class PreparedModule(nn.Module):
             getattr(getattr(fq, "activation_post_process", None), "averaging_constant", None)
             for fq in self._fake_quantizers
         ]
-        #: HAT's calibration observers of the graph (``None`` once int8); see :meth:`set_qconfig`
+        #: HAT's calibration observers of the graph, in the calibration stage (else ``None``);
+        #: see :meth:`set_qconfig`
         self.calibration: CalibrationObservers | None = None
         #: observations are not yet in the fake-quantize modules' ranges (see :meth:`update_ranges`)
         self.ranges_stale = False
-        if stage != "quantized":
-            for fq_name, fq in _named_fake_quantizers(graph).items():
-                fq.register_forward_pre_hook(FakeQuantizeTap(self, fq_name))
+        # the fake-quantize modules' forward pre-hooks feeding the calibration observers: only in
+        # the calibration stage, so that QAT steps run the graph without them
+        self._taps: list[Any] = []
+        if stage == "calibration":
+            self._taps = [fq.register_forward_pre_hook(FakeQuantizeTap(self, fq_name))
+                          for fq_name, fq in _named_fake_quantizers(graph).items()]
             self._install_observers(parse_qconfig_params(None))
         self.register_state_dict_pre_hook(_ranges_before_saving)
 
     @property
     def stage(self) -> str:
-        """``"calibration"``, ``"qat"`` or ``"quantized"``; leaving calibration writes its ranges first."""
+        """``"calibration"``, ``"qat"`` or ``"quantized"``; leaving calibration writes its ranges
+        first and drops the calibration observers."""
         return self._stage
 
     @stage.setter
     def stage(self, stage: str) -> None:
-        if getattr(self, "_stage", None) == "calibration" and stage != "calibration" and self.ranges_stale:
-            self.update_ranges()
+        if getattr(self, "_stage", None) == "calibration" and stage != "calibration":
+            if self.ranges_stale:
+                self.update_ranges()
+            for tap in self._taps:
+                tap.remove()
+            self._taps = []
+            self.calibration = None
+            self._applied = None
         self._stage = stage
 
     # -- state -----------------------------------------------------------------------------
@@ -194,7 +205,7 @@ class PreparedModule(nn.Module):
         The calibration observers are made afresh (what earlier ones saw is dropped).
         """
         self.set_averaging(qconfig.averaging)
-        if self.stage != "quantized":
+        if self.stage == "calibration":
             self._install_observers(qconfig)
 
     def _install_observers(self, qconfig: QConfig) -> None:

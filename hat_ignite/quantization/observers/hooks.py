@@ -8,10 +8,11 @@ module's observer while the prepared module calibrates; torchao's own observer i
 range becomes its fake-quantize module's ``min_val`` / ``max_val``, scale and zero point: what
 validation measures, checkpoints store, QAT starts from and ``QAT2Quantize`` converts.
 
-Which fake-quantize modules get one: every activation (per-tensor) one, unless the stage's
-activation observer is torchao's moving-average ``min_max`` (an ``averaging_constant`` given for
-calibration); weight (per-channel) ones only for ``weight_calibration_observer="mse"`` (weights
-do not change while calibrating, so torchao's observer already holds their min and max).
+Which fake-quantize modules get one: every activation (per-tensor) one whose scale comes from an
+observed range (not a fixed-qparams one), unless the activation observer is torchao's
+moving-average ``min_max`` (an ``averaging_constant`` given for calibration); weight
+(per-channel) ones only for ``weight_calibration_observer="mse"`` (weights do not change while
+calibrating, so torchao's observer already holds their min and max).
 """
 
 from __future__ import annotations
@@ -128,6 +129,12 @@ def _is_weight(fake_quantize: Any) -> bool:
     return bool(getattr(fake_quantize, "is_per_channel", False))
 
 
+def _observes_ranges(fake_quantize: Any) -> bool:
+    """Whether the module's observer takes its scale from a min/max range (a fixed-qparams one does not)."""
+    observer = getattr(fake_quantize, "activation_post_process", None)
+    return all(hasattr(observer, name) for name in ("min_val", "max_val", "_calculate_qparams"))
+
+
 class CalibrationObservers:
     """The calibration observers of one prepared graph (see the module docstring).
 
@@ -143,6 +150,8 @@ class CalibrationObservers:
         self.observers: dict[str, ActivationObserver | WeightMSEObserver] = {}
         for name in sorted(fake_quantizers):
             fq = fake_quantizers[name]
+            if not _observes_ranges(fq):
+                continue
             if _is_weight(fq):
                 observer: ActivationObserver | WeightMSEObserver | None = (
                     WeightMSEObserver(weight, fq) if weight is not None and weight.name == "mse" else None)

@@ -210,9 +210,10 @@ class Statistics:
 def all_reduce_statistics(stats: Sequence[Statistics], device: torch.device) -> None:
     """Replace each of ``stats`` by its sum over the processes of the default process group.
 
-    Every process must call it with the same observers in the same order (two or three
-    collectives for all of them together). Ranges reduce by ``MIN``/``MAX``; the histograms are
-    brought to the largest exponent of any process and summed as integers: the result is exact.
+    Every process must call it with the same observers in the same order (one ``MAX`` collective
+    for the ranges and exponents of all of them, one ``SUM`` for all their histograms). Ranges
+    reduce by ``MIN``/``MAX``; the histograms are brought to the largest exponent of any process
+    and summed as integers: the result is exact.
 
     Args:
         stats: this process's statistics (of one step, say), changed in place.
