@@ -130,7 +130,7 @@ float_predictor = dict(
     model_convert_pipeline=dict(
         type="ModelConvertPipeline",
         qat_mode="fuse_bn",
-        qconfig_params=dict(activation_calibration_qkwargs=dict(averaging_constant=0.01)),
+        qconfig_params=dict(activation_calibration_observer="min_max", activation_calibration_qkwargs=dict(averaging_constant=0.01)),
         converters=[
             dict(
                 type="LoadCheckpoint",

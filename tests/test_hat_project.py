@@ -1,6 +1,6 @@
 """A HAT project run end to end as HAT's tools run it: hat-train float / calibration / qat / int_infer, then
-hat-predict int_infer, with two processes and two DataLoader workers each, and HAT's converter lines
-unchanged (see tests/hat_project.py)."""
+hat-predict int_infer, with two processes (float, calibration, qat) and two DataLoader workers each, and
+HAT's converter lines unchanged (see tests/hat_project.py)."""
 
 from __future__ import annotations
 
@@ -36,9 +36,11 @@ def test_a_hat_project_runs_every_stage_through_the_command_line(tmp_path):
     assert metrics()["float_train"]["steps"] == 8  # 512 samples, 2 processes of 32 a step
     assert metrics()["float_train"]["val_metrics"]["accuracy"] > 0.5
 
-    # uint8 images made float by the batch processor's batch_transforms; the loss stays in float Python
-    log = run("hat-train", "calibration")
+    # uint8 images made float by the batch processor's batch_transforms; the loss stays in float Python;
+    # HAT's calibration loader (its sampler removed) sharded over 2 processes, the observers summed
+    log = run("hat-train", "calibration", "--nproc", "2")
     assert "preparing ['backbone', 'head']; left in float: ['loss']" in log
+    assert "Calibrator: 2 processes, each calibrating its shard of the data" in log
 
     # Float2QAT, LoadCheckpoint(calibration), a model returning (preds, losses) in training,
     # convert_submodule_list=["backbone", "head"]

@@ -175,7 +175,8 @@ def test_calibration_averaging_constant_applies_in_the_calibration_stage_only():
     x = batch()
     model = ModelConvertPipeline(
         converters=[Float2Calibration(example_inputs=x, modules=["net"])],
-        qconfig_params=dict(activation_calibration_qkwargs=dict(averaging_constant=1.0), activation_qat_qkwargs=dict(averaging_constant=0.0)),
+        qconfig_params=dict(activation_calibration_observer="min_max", activation_calibration_qkwargs=dict(averaging_constant=1.0),
+                            activation_qat_qkwargs=dict(averaging_constant=0.0)),
     )(small_resnet())
     acts = fake_quantizers(model, per_channel=False)
     with observing(model), torch.no_grad():
@@ -192,7 +193,13 @@ def test_calibration_averaging_constant_applies_in_the_calibration_stage_only():
 
 
 @pytest.mark.parametrize("params, match", [
-    (dict(activation_calibration_observer="mse"), r"\['activation_calibration_observer'\]='mse' cannot be honoured"),
+    (dict(activation_qat_observer="mse"), r"\['activation_qat_observer'\]='mse' cannot be honoured: QAT runs torchao's fused"),
+    (dict(weight_calibration_observer="kl"), r"'kl' cannot be honoured: weights are quantized per channel"),
+    (dict(activation_calibration_observer="clip_std"), r"'clip_std' cannot be honoured: horizon's mean"),
+    (dict(activation_calibration_qkwargs=dict(averaging_constant=0.01)), r"HAT's default activation_calibration_observer='mse'"),
+    (dict(activation_calibration_observer="kl", activation_calibration_qkwargs=dict(percentile=99.9)),
+     r"\['percentile'\] cannot be honoured: the activation calibration observer 'kl' takes \['bins', 'update_interval'\]"),
+    (dict(activation_calibration_observer="percentile", activation_calibration_qkwargs=dict(bins=100)), r"from 256 to 65536"),
     (dict(weight_fake_quant="lsq"), r"\['weight_fake_quant'\]='lsq' cannot be honoured"),
     (dict(activation_qat_qkwargs=dict(averaging_constant=2)), r"averaging_constant'\] must be a number in \[0, 1\]"),
     (dict(weight_qat_qkwargs=dict(qscheme=torch.per_tensor_symmetric)), r"int8 per-channel symmetric weights"),

@@ -8,7 +8,11 @@ nothing. Processes are started by :func:`hat_ignite.engine.launcher.build_launch
 
 A config whose trainer is a ``Trainer`` is built as a ``DistributedDataParallelTrainer`` when the
 run has more than one process; a ``DistributedDataParallelTrainer`` config always runs through
-the distributed launcher (one process when no option asks for more).
+the distributed launcher (one process when no option asks for more). A ``Calibrator`` stays a
+``Calibrator`` in each process: every process calibrates its shard of the data and the observers'
+statistics are summed over the processes (see :mod:`hat_ignite.engine.calibrator`). Given several
+GPUs by the config's ``device_ids`` alone, a ``Calibrator`` calibrates on the first, as HAT's
+does; ``--device-ids`` or ``--nproc`` on the command line start one process each.
 
 Stopping by signal. Each rank handles SIGTERM/SIGINT itself (see :mod:`hat_ignite.cli.resume`)
 and the ranks vote at every step, so all stop after the same step, rank 0 writes the resumable
@@ -43,6 +47,7 @@ __all__ = [
 logger = logging.getLogger("hat_ignite.cli.distributed")
 
 _DDP = "DistributedDataParallelTrainer"
+_CALIBRATOR = "Calibrator"
 
 
 class _Worker:
@@ -234,21 +239,26 @@ def distributed_stage(
     kind_name = kind.__name__ if isinstance(kind, type) else str(kind).rsplit(".", 1)[-1]
     kind_name = HAT_ALIASES.get(kind_name, kind_name)  # HAT's "distributed_data_parallel_trainer"
     if _Worker.launched:
-        if kind_name != _DDP:
+        if kind_name not in (_DDP, _CALIBRATOR):
             logger.info("%s runs in several processes: building it as a %s", kind_name, _DDP)
             node["type"] = _DDP
         node["device"] = _Worker.device
         return None
     if args.nproc and args.device_ids and args.nproc != len(args.device_ids):
         raise CliError(f"--nproc {args.nproc} and --device-ids {args.device_ids}: one process per GPU; give one of them.")
+    if kind_name == _CALIBRATOR and getattr(args, "device_ids_from_config", False) and len(args.device_ids or []) > 1:
+        logger.info("%s: %s calibrates on one device, GPU %d of the config's device_ids %s, as HAT's Calibrator "
+                    "does; --device-ids %s calibrates in one process per GPU", cfg.filename, stage_key,
+                    args.device_ids[0], args.device_ids, ",".join(str(i) for i in args.device_ids))
+        args.device_ids = args.device_ids[:1]
     several = (args.nproc or 1) > 1 or len(args.device_ids or []) > 1 or args.nnodes > 1 or is_torchrun()
-    ddp = kind_name == _DDP or (kind_name == "Trainer" and several)
+    ddp = kind_name == _DDP or (kind_name in ("Trainer", _CALIBRATOR) and several)
     if not ddp:
         if several and not (kind_name == "DataParallelTrainer" and (args.nproc or 1) == 1 and args.nnodes == 1
                             and not is_torchrun()):
             raise CliError(
                 f"{cfg.filename}: {stage_key} is a {kind_name}, which runs in one process; "
-                f"--nproc/--nnodes/torchrun need type='Trainer' or type='{_DDP}'."
+                f"--nproc/--nnodes/torchrun need type='Trainer', '{_DDP}' or '{_CALIBRATOR}'."
             )
         if args.device_ids:  # one process: DataParallelTrainer takes every id, a Trainer the only one
             if kind_name != "DataParallelTrainer" and len(args.device_ids) > 1:

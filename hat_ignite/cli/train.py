@@ -193,6 +193,7 @@ def _train(argv: Sequence[str]) -> int:
     stage_key = cfg.stage_key(args.stage, "trainer")
     import torch
 
+    args.device_ids_from_config = args.device_ids is None  # HAT's Calibrator then keeps the first GPU
     args.device_ids = device_ids_of(cfg, args.device_ids, args.nproc, torch.cuda.is_available())
     inputs = check_stage_inputs(cfg, args.stage, stage_key, args.config)  # refused once, before any rank starts
     exit_code = distributed_stage(args, argv, cfg, stage_key, _train)  # starts the processes of a DDP run

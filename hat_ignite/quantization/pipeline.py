@@ -36,12 +36,13 @@ class ModelConvertPipeline:
             ``None``) folds it into the conv/linear before preparing; ``"with_bn"`` keeps it in QAT
             (see :mod:`~hat_ignite.quantization.qconfig`). A converter with a different explicit
             ``qat_mode`` is an error.
-        qconfig_params: HAT's qconfig arguments; the observers' ``averaging_constant`` per stage
-            and kind (e.g. ``activation_qat_qkwargs=dict(averaging_constant=0)`` keeps the
-            calibrated activation ranges through QAT) is applied to every prepared module of the
-            model after the converters ran. See
-            :func:`~hat_ignite.quantization.qconfig.parse_qconfig_params` for the keys honoured;
-            others raise.
+        qconfig_params: HAT's qconfig arguments: the calibration observers
+            (``activation_calibration_observer="mix"``; HAT's default ``"mse"`` when not given)
+            and their options, and the observers' ``averaging_constant`` per stage and kind (e.g.
+            ``activation_qat_qkwargs=dict(averaging_constant=0)`` keeps the calibrated activation
+            ranges through QAT), applied to every prepared module of the model after the
+            converters ran. See :func:`~hat_ignite.quantization.qconfig.parse_qconfig_params` for
+            the keys honoured; others raise.
 
     Example:
         >>> import torch
@@ -80,7 +81,10 @@ class ModelConvertPipeline:
             built.append(self._with_qat_mode(conv, i, qat_mode))
         self.converters = built
         self.qat_mode = qat_mode
-        self.averaging = parse_qconfig_params(qconfig_params)
+        #: the checked ``qconfig_params`` (``None``: not given, the prepared modules keep HAT's defaults)
+        self.qconfig = None if qconfig_params is None else parse_qconfig_params(qconfig_params)
+        #: the observers' averaging constants per stage and kind (from ``qconfig_params``)
+        self.averaging = {} if self.qconfig is None else self.qconfig.averaging
         if qat_mode is None and any(hasattr(c, "qat_mode") for c in built):
             logger.info("ModelConvertPipeline: qat_mode not given, using HAT's default %r.", DEFAULT_QAT_MODE)
 
@@ -112,10 +116,10 @@ class ModelConvertPipeline:
             logger.debug("model_convert_pipeline: applied %r", conv)
 
         model = apply_converters(self.converters, model, check)
-        if self.averaging:
+        if self.qconfig is not None:
             for module in prepared_modules(model):
                 if module.stage != "quantized":
-                    module.set_averaging(self.averaging)
+                    module.set_qconfig(self.qconfig)
         return model
 
     def __repr__(self) -> str:

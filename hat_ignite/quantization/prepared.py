@@ -18,6 +18,11 @@ So a :class:`~hat_ignite.engine.calibrator.Calibrator` step records float activa
 validation measures the simulated int8 model without moving any range, and QAT trains through
 fake quantization. The state is applied lazily at the start of each forward, so setting
 ``module.training`` directly (as validation does to restore modes) is honoured too.
+
+In the calibration stage the activations are observed by HAT's calibration observers
+(:mod:`~hat_ignite.quantization.observers`, ``mse`` by default as in HAT), which hand their
+ranges to torchao's fake-quantize modules when a range is next needed: the first forward that
+does not observe, a ``state_dict`` (a checkpoint), or leaving the calibration stage.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ from torch import nn
 
 from hat_ignite.errors import QuantizationError
 from hat_ignite.quantization.observer_match import observer_identities
+from hat_ignite.quantization.observers.hooks import CalibrationObservers, FakeQuantizeTap
+from hat_ignite.quantization.qconfig import QConfig, parse_qconfig_params
 from hat_ignite.quantization.used_inputs import input_keys, keep_keys
 from hat_ignite.quantization.torchao_import import import_torchao
 
@@ -39,9 +46,19 @@ __all__ = ["STAGES", "PreparedModule", "prepared_modules", "observing"]
 STAGES = ("calibration", "qat", "quantized")
 
 
-def _fake_quantizers(graph: nn.Module) -> list[Any]:  # FakeQuantize modules: torch's Module stub hides their methods
-    """The fake-quantize modules of a prepared graph (they carry observer/fake-quant switches)."""
-    return [m for m in graph.modules() if hasattr(m, "observer_enabled") and hasattr(m, "fake_quant_enabled")]
+def _named_fake_quantizers(graph: nn.Module) -> dict[str, Any]:  # torch's Module stub hides their methods
+    """The fake-quantize modules of a prepared graph by name (they carry observer/fake-quant switches)."""
+    return {n: m for n, m in graph.named_modules() if hasattr(m, "observer_enabled") and hasattr(m, "fake_quant_enabled")}
+
+
+def _fake_quantizers(graph: nn.Module) -> list[Any]:
+    return list(_named_fake_quantizers(graph).values())
+
+
+def _ranges_before_saving(module: PreparedModule, prefix: str, keep_vars: bool) -> None:
+    """``state_dict`` pre-hook: a checkpoint holds the ranges of everything observed so far."""
+    if module.ranges_stale and not module.observing:
+        module.update_ranges()
 
 
 def _has_mode_ops(graph: nn.Module) -> bool:
@@ -85,7 +102,7 @@ class PreparedModule(nn.Module):
         if stage not in STAGES:
             raise ValueError(f"PreparedModule(stage={stage!r}): use one of {STAGES}.")
         self.graph = graph
-        self.stage = stage
+        self._stage = stage
         self.qname = name
         self.observing = False
         self._fake_quantizers = _fake_quantizers(graph)
@@ -109,6 +126,37 @@ class PreparedModule(nn.Module):
             getattr(getattr(fq, "activation_post_process", None), "averaging_constant", None)
             for fq in self._fake_quantizers
         ]
+        #: HAT's calibration observers of the graph, in the calibration stage (else ``None``);
+        #: see :meth:`set_qconfig`
+        self.calibration: CalibrationObservers | None = None
+        #: observations are not yet in the fake-quantize modules' ranges (see :meth:`update_ranges`)
+        self.ranges_stale = False
+        # the fake-quantize modules' forward pre-hooks feeding the calibration observers: only in
+        # the calibration stage, so that QAT steps run the graph without them
+        self._taps: list[Any] = []
+        if stage == "calibration":
+            self._taps = [fq.register_forward_pre_hook(FakeQuantizeTap(self, fq_name))
+                          for fq_name, fq in _named_fake_quantizers(graph).items()]
+            self._install_observers(parse_qconfig_params(None))
+        self.register_state_dict_pre_hook(_ranges_before_saving)
+
+    @property
+    def stage(self) -> str:
+        """``"calibration"``, ``"qat"`` or ``"quantized"``; leaving calibration writes its ranges
+        first and drops the calibration observers."""
+        return self._stage
+
+    @stage.setter
+    def stage(self, stage: str) -> None:
+        if getattr(self, "_stage", None) == "calibration" and stage != "calibration":
+            if self.ranges_stale:
+                self.update_ranges()
+            for tap in self._taps:
+                tap.remove()
+            self._taps = []
+            self.calibration = None
+            self._applied = None
+        self._stage = stage
 
     # -- state -----------------------------------------------------------------------------
     def where(self) -> str:
@@ -136,6 +184,8 @@ class PreparedModule(nn.Module):
         return False, False, True
 
     def _apply_switches(self) -> None:
+        if self.ranges_stale and not self.observing:
+            self.update_ranges()
         wanted = self._wanted()
         if wanted == self._applied:
             return
@@ -144,11 +194,52 @@ class PreparedModule(nn.Module):
             _set_graph_mode(self.graph, train)
             self._graph_training = train
         if self.stage != "quantized":
+            ours = self.calibration if observe and self.stage == "calibration" else None
             for fq in self._fake_quantizers:
-                fq.observer_enabled[0] = int(observe)
+                # an observer of HAT's stands in for torchao's while calibrating
+                fq.observer_enabled[0] = int(observe and not (ours is not None and ours.handles(fq)))
                 fq.fake_quant_enabled[0] = int(fake_quant)
+            if self.calibration is not None:
+                self.calibration.set_recording(ours is not None)
             self._apply_averaging()
         self._applied = wanted
+
+    def set_qconfig(self, qconfig: QConfig) -> None:
+        """Use HAT's ``qconfig_params`` (as :func:`~hat_ignite.quantization.qconfig.parse_qconfig_params`
+        checks them): the calibration observers and the averaging constants per stage and kind.
+
+        The calibration observers are made afresh (what earlier ones saw is dropped).
+        """
+        self.set_averaging(qconfig.averaging)
+        if self.stage == "calibration":
+            self._install_observers(qconfig)
+
+    def _install_observers(self, qconfig: QConfig) -> None:
+        self.calibration = CalibrationObservers(
+            _named_fake_quantizers(self.graph), qconfig.calibration_observer("activation"),
+            qconfig.calibration_observer("weight"),
+        )
+        self._applied = None
+
+    def commit_observations(self, reduce_device: torch.device | None = None) -> None:
+        """Add what the calibration observers recorded since the last call to their statistics.
+
+        Args:
+            reduce_device: in a calibration of several processes, sum the recordings over the
+                processes first (a collective every process makes at the same step), with
+                tensors on this device; ``None``: this process's only.
+        """
+        if self.calibration is not None:
+            self.calibration.commit(reduce_device)
+        self.ranges_stale = True
+
+    @torch.no_grad()
+    def update_ranges(self) -> None:
+        """Write the calibration observers' ranges into the fake-quantize modules, then their scales."""
+        if self.stage == "calibration" and self.calibration is not None:
+            self.calibration.write_ranges()
+        self.refresh_qparams()
+        self.ranges_stale = False
 
     def set_averaging(self, averaging: dict[str, dict[str, float]]) -> None:
         """Set the observers' averaging constants per stage and kind, applied at the next forward.
@@ -239,6 +330,7 @@ class PreparedModule(nn.Module):
     def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
         super()._load_from_state_dict(*args, **kwargs)
         self._applied = None  # the loaded switches replace the applied ones: re-apply on forward
+        self.ranges_stale = False  # the loaded ranges replace any not yet written
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         self._apply_switches()
@@ -256,11 +348,15 @@ def prepared_modules(model: nn.Module) -> list[PreparedModule]:
 
 
 @contextlib.contextmanager
-def observing(model: nn.Module) -> Iterator[list[PreparedModule]]:
+def observing(model: nn.Module, commit: bool = True) -> Iterator[list[PreparedModule]]:
     """Record activation ranges in every prepared module of ``model`` for the duration.
 
-    On exit, observing stops and the quantization parameters are recomputed from the new
-    statistics, so what follows (validation, a checkpoint) sees the calibrated model.
+    Args:
+        model: a model with prepared modules.
+        commit: on exit, add the recordings to the observers' statistics and write the ranges
+            and quantization parameters, so that what follows (validation, a checkpoint) sees
+            the calibrated model. ``False`` (the ``Calibrator``'s steps): leave the recordings
+            for :meth:`PreparedModule.commit_observations`; the ranges follow when next needed.
     """
     modules = prepared_modules(model)
     for m in modules:
@@ -271,4 +367,7 @@ def observing(model: nn.Module) -> Iterator[list[PreparedModule]]:
         for m in modules:
             m.observing = False
             if m.stage != "quantized":
-                m.refresh_qparams()
+                m.ranges_stale = True
+                if commit:
+                    m.commit_observations()
+                    m.update_ranges()

@@ -9,8 +9,9 @@ HAT argument              here
                           in QAT as torchao's QAT conv-BN pattern (batch statistics in
                           training) and is folded into the int8 weights at conversion.
                           ``"with_bn_reverse_fold"`` is refused (no such mode in torchao).
-``qconfig_params``        observer settings per stage (calibration / QAT) and kind
-                          (activation / weight); see :func:`parse_qconfig_params`.
+``qconfig_params``        the observers per stage (calibration / QAT) and kind (activation /
+                          weight), their options and moving averages; see
+                          :func:`parse_qconfig_params` and :mod:`~hat_ignite.quantization.observers`.
 ``convert_mode``          ``"eager"``, ``"fx"``, ``"jit"``, ``"jit-strip"`` all map to the one
                           ``torch.export`` based mode (see :data:`CONVERT_MODES`).
 ========================  ===================================================================
@@ -22,9 +23,11 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+import attrs
 import torch
 
 from hat_ignite.errors import QuantizationError
+from hat_ignite.quantization.observers.spec import DEFAULT_OBSERVERS, ObserverSpec, observer_spec
 
 __all__ = [
     "QAT_MODES",
@@ -32,6 +35,7 @@ __all__ = [
     "CONVERT_MODES",
     "check_qat_mode",
     "check_convert_mode",
+    "QConfig",
     "parse_qconfig_params",
 ]
 
@@ -53,7 +57,6 @@ CONVERT_MODES: dict[str, str] = {
 
 _STAGE_OF_PREFIX = {"qat": "qat", "calibration": "calibration"}
 _KINDS = ("activation", "weight")
-_OBSERVERS = ("min_max",)
 _FAKE_QUANTS = ("fake_quant",)
 # qkwargs keys whose only honoured value is the PT2E flow's own (X86 inductor quantizer)
 _FIXED_QKWARGS: dict[str, dict[str, tuple[Any, ...]]] = {
@@ -111,22 +114,43 @@ def _check_choice(key: str, value: Any, allowed: tuple[str, ...], why: str) -> N
         )
 
 
-def _averaging(key: str, qkwargs: Any) -> float | None:
+@attrs.frozen
+class QConfig:
+    """HAT's ``qconfig_params``, checked (see :func:`parse_qconfig_params`).
+
+    Attributes:
+        averaging: torchao's moving-average constant per stage and kind
+            (``{"qat": {"activation": 0.0}}``); a stage or kind left out keeps torchao's ``0.01``.
+        observers: the observer per ``(stage, kind)``, HAT's defaults filled in.
+    """
+
+    averaging: dict[str, dict[str, float]] = attrs.field(factory=dict)
+    observers: dict[tuple[str, str], ObserverSpec] = attrs.field(factory=dict)
+
+    def calibration_observer(self, kind: str) -> ObserverSpec | None:
+        """The calibration observer of ``kind`` that hat-ignite runs, or ``None`` where torchao's
+        own moving-average min/max observer does (an ``averaging_constant`` given for calibration,
+        or weights observed by ``min_max``)."""
+        spec = self.observers.get(("calibration", kind)) or observer_spec("calibration", kind, None)
+        if kind in self.averaging.get("calibration", {}) or (kind == "weight" and spec.name == "min_max"):
+            return None
+        return spec
+
+
+def _qkwargs(key: str, kind: str, qkwargs: Any) -> tuple[float | None, dict[str, Any]]:
+    """``(averaging_constant or None, the observer's own options)`` of a ``*_qkwargs`` dict."""
     if qkwargs is None:
-        return None
+        return None, {}
     if not isinstance(qkwargs, Mapping):
         raise QuantizationError(f"ModelConvertPipeline: qconfig_params[{key!r}] must be a dict, got {type(qkwargs).__name__}.")
-    kind = "activation" if key.startswith("activation") else "weight"
+    options: dict[str, Any] = {}
     for name, value in qkwargs.items():
         if name == "averaging_constant":
             continue
         fixed = _FIXED_QKWARGS[kind].get(name)
         if fixed is None:
-            raise QuantizationError(
-                f"ModelConvertPipeline: qconfig_params[{key!r}][{name!r}] cannot be honoured: the PT2E "
-                f"observers here take averaging_constant, and {sorted(_FIXED_QKWARGS[kind])} only at "
-                f"their fixed values. Remove {name!r}."
-            )
+            options[name] = value  # checked against the stage's observer
+            continue
         if value not in fixed:
             raise QuantizationError(
                 f"ModelConvertPipeline: qconfig_params[{key!r}][{name!r}]={value!r} cannot be honoured: "
@@ -135,70 +159,104 @@ def _averaging(key: str, qkwargs: Any) -> float | None:
             )
     constant = qkwargs.get("averaging_constant")
     if constant is None:
-        return None
+        return None, options
     if isinstance(constant, bool) or not isinstance(constant, (int, float)) or not 0.0 <= constant <= 1.0 or math.isnan(constant):
         raise QuantizationError(
             f"ModelConvertPipeline: qconfig_params[{key!r}]['averaging_constant'] must be a number in "
             f"[0, 1] (0: keep the range already observed, 1: use each batch's range), got {constant!r}."
         )
-    return float(constant)
+    return float(constant), options
 
 
-def parse_qconfig_params(params: Mapping[str, Any] | None) -> dict[str, dict[str, float]]:
-    """Check HAT's ``qconfig_params`` and return the observer averaging constants per stage and kind.
+def _check_averaged(stage: str, kind: str, spec: ObserverSpec, named: bool) -> None:
+    """A calibration ``averaging_constant`` means torchao's moving-average min/max: refuse it beside
+    an observer that computes one range from all batches."""
+    if stage != "calibration" or spec.name == "min_max":
+        return
+    observer_key = f"{kind}_calibration_observer"
+    given = f"{observer_key}={spec.name!r}" if named else f"HAT's default {observer_key}={spec.name!r}"
+    raise QuantizationError(
+        f"ModelConvertPipeline: qconfig_params['{kind}_calibration_qkwargs']['averaging_constant'] cannot be "
+        f"honoured with {given}: that observer computes one range from the statistics of all calibration "
+        f"batches, not a moving average over batches. Remove averaging_constant, or set "
+        f"{observer_key}='min_max' for a moving-average min/max."
+    )
+
+
+def parse_qconfig_params(params: Mapping[str, Any] | None) -> QConfig:
+    """Check HAT's ``qconfig_params``: the observers per stage and kind, their options and averaging.
 
     Honoured keys (HAT's ``set_default_qconfig`` arguments):
 
+    * ``activation_calibration_observer``: ``"mse"`` (HAT's default), ``"min_max"``,
+      ``"percentile"``, ``"kl"`` or ``"mix"``; ``weight_calibration_observer``: ``"min_max"``
+      (HAT's default) or ``"mse"``. Each computes one range from the statistics of all
+      calibration batches (see :mod:`hat_ignite.quantization.observers`).
+    * ``activation_qat_observer``, ``weight_qat_observer``: ``"min_max"`` only (torchao's
+      moving-average min/max, run inside the fused fake-quantize op of every training step).
     * ``activation_qat_qkwargs``, ``weight_qat_qkwargs``, ``activation_calibration_qkwargs``,
-      ``weight_calibration_qkwargs``: ``averaging_constant`` in ``[0, 1]`` sets the moving
-      average of the observers of that kind while the prepared model is in that stage (``0``
-      freezes the range already observed, e.g. the calibrated one; ``1`` takes each batch's
-      range). ``qscheme``, ``ch_axis``, ``dtype`` are accepted at the flow's own values only
-      (activations ``torch.per_tensor_affine`` / ``quint8``; weights
-      ``torch.per_channel_symmetric``, ``ch_axis=0``, ``qint8``).
-    * ``activation_qat_observer``, ``weight_qat_observer``, ``activation_calibration_observer``,
-      ``weight_calibration_observer``: ``"min_max"`` only (the flow's moving-average min/max).
+      ``weight_calibration_qkwargs``: the observer's options (``percentile``, ``bins``, ``stride``,
+      ``update_interval``, as the observer takes them) and ``averaging_constant`` in ``[0, 1]``:
+      torchao's moving average while the prepared model is in that stage (``0`` freezes the
+      range already observed, e.g. the calibrated one; ``1`` takes each batch's range); for
+      calibration, only with the ``"min_max"`` observer named. ``qscheme``, ``ch_axis``, ``dtype``
+      are accepted at the flow's own values only (activations ``torch.per_tensor_affine`` /
+      ``quint8``; weights ``torch.per_channel_symmetric``, ``ch_axis=0``, ``qint8``).
     * ``activation_fake_quant``, ``weight_fake_quant``: ``"fake_quant"`` only.
 
     Anything else raises, naming the key and why.
 
     Example:
-        >>> parse_qconfig_params(dict(
+        >>> qconfig = parse_qconfig_params(dict(
         ...     activation_qat_qkwargs=dict(averaging_constant=0.0),
         ...     weight_qat_qkwargs=dict(averaging_constant=1, qscheme=torch.per_channel_symmetric, ch_axis=0),
-        ...     activation_calibration_observer="min_max",
+        ...     activation_calibration_observer="percentile",
+        ...     activation_calibration_qkwargs=dict(percentile=99.985, bins=8192),
         ... ))
+        >>> qconfig.averaging
         {'qat': {'activation': 0.0, 'weight': 1.0}}
-        >>> parse_qconfig_params(dict(activation_calibration_observer="percentile"))
+        >>> qconfig.calibration_observer("activation")
+        ObserverSpec(name='percentile', options={'percentile': 99.985, 'bins': 8192})
+        >>> parse_qconfig_params(None).calibration_observer("activation").name  # HAT's default
+        'mse'
+        >>> parse_qconfig_params(dict(activation_qat_observer="percentile"))
         Traceback (most recent call last):
         ...
-        hat_ignite.errors.QuantizationError: ModelConvertPipeline: qconfig_params['activation_calibration_observer']='percentile' cannot be honoured: the PT2E observers here are moving-average min/max observers. Use 'min_max' or leave it out.
+        hat_ignite.errors.QuantizationError: ModelConvertPipeline: qconfig_params['activation_qat_observer']='percentile' cannot be honoured: QAT runs torchao's fused moving-average min/max observer inside every training step; the histogram observers would read the data back to the host at every step. They calibrate (activation_calibration_observer), and QAT starts from their ranges. Use 'min_max' or leave it out.
 
     Raises:
         QuantizationError: a key or value that cannot be honoured.
     """
     if params is None:
-        return {}
+        return QConfig(observers={sk: observer_spec(*sk, None) for sk in DEFAULT_OBSERVERS})
     if not isinstance(params, Mapping):
         raise QuantizationError(
             f"ModelConvertPipeline: qconfig_params must be a dict of HAT's qconfig arguments, got {type(params).__name__}."
         )
-    out: dict[str, dict[str, float]] = {}
+    names: dict[tuple[str, str], Any] = {}
+    options: dict[tuple[str, str], dict[str, Any]] = {}
+    averaging: dict[str, dict[str, float]] = {}
     for key, value in params.items():
         kind, _, rest = str(key).partition("_")
         stage, _, what = rest.partition("_")
         if kind in _KINDS and rest == "fake_quant":
             _check_choice(key, value, _FAKE_QUANTS, "the PT2E flow has torchao's fused fake-quantize modules only")
         elif kind in _KINDS and stage in _STAGE_OF_PREFIX and what == "observer":
-            _check_choice(key, value, _OBSERVERS, "the PT2E observers here are moving-average min/max observers")
+            names[(stage, kind)] = value
         elif kind in _KINDS and stage in _STAGE_OF_PREFIX and what == "qkwargs":
-            constant = _averaging(key, value)
+            constant, options[(stage, kind)] = _qkwargs(key, kind, value)
             if constant is not None:
-                out.setdefault(_STAGE_OF_PREFIX[stage], {})[kind] = constant
+                averaging.setdefault(_STAGE_OF_PREFIX[stage], {})[kind] = constant
         else:
             raise QuantizationError(
                 f"ModelConvertPipeline: qconfig_params has {key!r}, which is not one of HAT's qconfig "
                 f"arguments ({{activation,weight}}_fake_quant, {{activation,weight}}_{{qat,calibration}}_observer, "
                 f"{{activation,weight}}_{{qat,calibration}}_qkwargs)."
             )
-    return out
+    observers = {}
+    for stage_kind in DEFAULT_OBSERVERS:
+        spec = observer_spec(*stage_kind, names.get(stage_kind), options.get(stage_kind))
+        if stage_kind[1] in averaging.get(stage_kind[0], {}):
+            _check_averaged(*stage_kind, spec, stage_kind in names)
+        observers[stage_kind] = spec
+    return QConfig(averaging=averaging, observers=observers)
