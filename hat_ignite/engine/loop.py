@@ -189,9 +189,9 @@ class LoopBase(LoopRunMixin, ResumableLoopMixin, HatEventsMixin, Engine):
         if converters:
             # converters without example inputs trace with this engine's first batch as the batch
             # processor gives it to the model, so HAT's converter configs (which need none) work as written
-            from hat_ignite.quantization.examples import apply_converters, stage_examples
+            from hat_ignite.quantization.examples import apply_converters, callbacks_trace_inputs, stage_examples
 
-            with stage_examples(self.data_loader, batch_processor):
+            with stage_examples(self.data_loader, batch_processor, callbacks_trace_inputs(callbacks)):
                 model = cast(torch.nn.Module, apply_converters(converters, model))  # returns the converted model
         self.model: torch.nn.Module = model.to(self.torch_device) if self.torch_device.type != "cpu" else model
         if compiler is not None and compiler is not False:

@@ -29,18 +29,21 @@ from torch import nn
 
 from hat_ignite.errors import QuantizationError
 
-__all__ = ["stage_examples", "example_batches", "example_batch", "apply_converters", "later_checkpoints"]
+__all__ = [
+    "stage_examples", "example_batches", "example_batch", "callbacks_trace_inputs", "trace_examples", "apply_converters",
+    "later_checkpoints",
+]
 
 logger = logging.getLogger(__name__)
 
 #: ``(data_loader, batch_processor)`` of the engine whose ``model_convert_pipeline`` runs.
-_STAGE: ContextVar[tuple[Any, Any]] = ContextVar("hat_ignite_stage_examples", default=(None, None))
+_STAGE: ContextVar[tuple[Any, Any, Any]] = ContextVar("hat_ignite_stage_examples", default=(None, None, None))
 #: Checkpoint paths the converters after the running one load, nearest first.
 _LATER: ContextVar[tuple[str, ...]] = ContextVar("hat_ignite_later_checkpoints", default=())
 
 
 @contextmanager
-def stage_examples(data_loader: Any, batch_processor: Any = None) -> Iterator[None]:
+def stage_examples(data_loader: Any, batch_processor: Any = None, trace_inputs: Any = None) -> Iterator[None]:
     """Let converters run inside this block trace with ``data_loader``'s first step by default.
 
     An engine runs its ``model_convert_pipeline`` inside this block with its own data loader
@@ -48,14 +51,15 @@ def stage_examples(data_loader: Any, batch_processor: Any = None) -> Iterator[No
     work as written and trace with the batch exactly as the model receives it in that stage:
     ``batch_processor.model_batches(batch)`` (its batch transforms applied, a
     ``MultiBatchProcessor`` tuple split). Converters given ``example_inputs`` or
-    ``example_data_loader`` use those.
+    ``example_data_loader`` use those. ``trace_inputs``: what the engine's callbacks trace the
+    model with (:func:`trace_examples`).
 
     Example:
         >>> with stage_examples([torch.zeros(2, 3)]):
         ...     tuple(example_batch(None, None, "Float2QAT").shape)
         (2, 3)
     """
-    token = _STAGE.set((data_loader, batch_processor))
+    token = _STAGE.set((data_loader, batch_processor, trace_inputs))
     try:
         yield
     finally:
@@ -74,7 +78,7 @@ def example_batches(example_inputs: Any, example_data_loader: Any, who: str, req
     """
     if example_inputs is not None:
         return [example_inputs]
-    loader, processor = _STAGE.get()
+    loader, processor, _ = _STAGE.get()
     if example_data_loader is None:
         if loader is None:
             if not required:
@@ -129,6 +133,28 @@ def _first_batch_in_process(loader: Any) -> tuple[Any] | None:
     except Exception as exc:  # a dataset that needs its worker (worker_init_fn ...): iterate the loader
         logger.debug("first batch made in the workers: in this process it raised %r", exc)
     return None
+
+
+def callbacks_trace_inputs(callbacks: Sequence[Any] | None) -> Any:
+    """The ``trace_inputs`` one of an engine's callbacks (or callback configs) traces the model with
+    (HAT's ``SaveTraced``); ``None`` when none does.
+
+    >>> callbacks_trace_inputs([dict(type="Checkpoint"), dict(type="SaveTraced", trace_inputs=dict(img=1))])
+    {'img': 1}
+    """
+    for callback in callbacks or ():
+        found = callback.get("trace_inputs") if isinstance(callback, Mapping) else getattr(callback, "trace_inputs", None)
+        if found is not None:
+            return found
+    return None
+
+
+def trace_examples() -> list[Any]:
+    """The inputs the running engine's callbacks trace its model with (``SaveTraced(trace_inputs=...)``:
+    HAT's ``deploy_inputs``), as one batch; ``[]`` when none does. An export-only stage's deploy
+    model takes these, whatever the batches of the model it was trained as held."""
+    trace_inputs = _STAGE.get()[2]
+    return [] if trace_inputs is None else [trace_inputs]
 
 
 def later_checkpoints() -> tuple[str, ...]:

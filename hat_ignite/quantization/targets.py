@@ -8,8 +8,9 @@
 * **inputs**: what each receives when the model runs on the example batches (every call: dims that
   change between calls are exported dynamic); without data (HAT's export-only ``int_infer``
   stage), what each receives when the model runs on batches made as the checkpoint records them,
-  so a deploy model that calls a module otherwise (without its labels) is exported as it calls it;
-  failing that, the inputs recorded for each module.
+  or else on what the engine's ``SaveTraced`` traces it with (HAT's ``deploy_inputs``), so a deploy
+  model that calls a module otherwise (without its labels) is exported as it calls it; failing
+  both, the inputs recorded for each module.
 
 After preparing, :func:`check_called` runs the model once more and refuses one that no longer calls
 a prepared module (it keeps its own references to its submodules).
@@ -25,7 +26,7 @@ from torch import nn
 
 from hat_ignite.errors import QuantizationError
 from hat_ignite.quantization.capture import Captured, capture_inputs, leaves_varying, model_args
-from hat_ignite.quantization.examples import example_batches, later_checkpoints
+from hat_ignite.quantization.examples import example_batches, later_checkpoints, trace_examples
 from hat_ignite.quantization.prepared import prepared_modules
 from hat_ignite.quantization.record import describe_inputs, make_inputs, read_records
 from hat_ignite.quantization.select import stable_modules
@@ -76,15 +77,27 @@ def find_targets(model: nn.Module, example_inputs: Any, example_data_loader: Any
 
 
 def _without_data(model: nn.Module, found: Found, names: list[str], who: str) -> Targets:
+    """Run the model on batches made as the checkpoint records them, else on what the engine's
+    ``SaveTraced`` traces it with (HAT's ``deploy_inputs``), and capture what the modules get; else
+    the inputs recorded for each module."""
     checkpoint, records = found
     described = next((r["batches"] for r in records.values() if r.get("batches")), None)
+    tries = []
     if described is not None:
         try:
-            batches = [make_inputs(spec) for spec in described]
-            return Targets(names, capture_inputs(model, batches, names, who), described, batches)
-        except (QuantizationError, KeyError, ValueError, TypeError) as exc:
-            logger.info("%s: %s does not run on batches made as %s records (%s); exporting each module with "
-                        "the inputs recorded for it.", who, type(model).__name__, checkpoint, exc)
+            tries.append((f"batches made as {checkpoint} records", [make_inputs(spec) for spec in described]))
+        except (KeyError, ValueError, TypeError) as exc:
+            logger.info("%s: the batches %s records cannot be made again (%s).", who, checkpoint, exc)
+    if trace_examples():
+        tries.append(("the trace_inputs of the engine's callbacks", trace_examples()))
+    for what, batches in tries:
+        try:
+            inputs = capture_inputs(model, batches, names, who)
+        except QuantizationError as exc:
+            logger.info("%s: %s does not run on %s (%s).", who, type(model).__name__, what, exc.__cause__ or exc)
+            continue
+        return Targets(names, inputs, [describe_inputs(b) for b in batches], batches)
+    logger.info("%s: exporting each module with the inputs %s records for it.", who, checkpoint)
     return Targets(names, {path: _recorded_inputs(found, path, who) for path in names}, [], [])
 
 

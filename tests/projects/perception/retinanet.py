@@ -95,7 +95,7 @@ calibration_trainer = dict(
     model_convert_pipeline=dict(
         type="ModelConvertPipeline",
         qat_mode=qat_mode,
-        qconfig_params=dict(activation_calibration_observer="min_max"),
+        qconfig_params=dict(activation_calibration_observer="mix"),  # as HAT's detection configs
         converters=[
             dict(type="LoadCheckpoint", checkpoint_path=checkpoint("float")),
             dict(type="Float2Calibration", convert_mode=convert_mode),
