@@ -167,6 +167,36 @@ def test_hats_toy_deploy_model_loads_the_qat_checkpoint_and_post_processes_in_fl
     assert (first - reference).abs().max() < 0.1
 
 
+class StrictInputsModel(ToyModel):
+    """HAT's GraphModel checks its inputs: the deploy model takes exactly ``img``."""
+
+    def forward(self, data):
+        if set(data) != {"img"}:
+            raise AssertionError(f"{set(data) - {'img'}} not in input names")
+        return super().forward(data)
+
+
+def test_the_export_only_stage_runs_a_deploy_model_on_what_save_traced_traces_it_with(tmp_path):
+    from hat_ignite.callbacks.save_traced import SaveTraced
+    from hat_ignite.engine.trainer import Trainer
+
+    batch = dict(img=torch.rand(4, 3, 8, 8), label=torch.randint(0, 10, (4,)))
+    trained = Float2QAT(example_inputs=batch)(ToyModel())
+    path = _trained_checkpoint(trained, [batch], tmp_path / "qat.pth.tar")
+    # HAT's int_infer_trainer: no data, no training, the deploy model traced with deploy_inputs
+    trainer = Trainer(
+        model=StrictInputsModel(deploy=True), data_loader=None, optimizer=None, batch_processor=None, num_epochs=0,
+        device=None,
+        model_convert_pipeline=ModelConvertPipeline([Float2QAT(), LoadCheckpoint(path), QAT2Quantize()]),
+        callbacks=[SaveTraced(str(tmp_path / "deploy"), trace_inputs=dict(img=torch.rand(1, 3, 8, 8)),
+                              save_exported=False)],
+    )
+    trainer.fit()
+    traced = torch.jit.load(str(tmp_path / "deploy" / "deploy-checkpoint-last.pt"))
+    first, _ = traced(dict(img=batch["img"][:1]))
+    assert (first - trained(batch)[0][:1].reshape(1, 10, 1, 1)).abs().max() < 0.1
+
+
 def test_a_functional_add_and_a_tensor_add_in_one_graph_prepare():
     """HAT's BasicResBlock adds with torch.add (FloatFunctional) and its label-smoothing loss with
     Tensor.add: torch counts both as ``add_1``, which must not make one partition of the two."""
