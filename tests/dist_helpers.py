@@ -1,6 +1,7 @@
 """Pieces the distributed tests load into their worker processes (importable as ``dist_helpers``).
 
-* ``DumpParams``: a callback writing each rank's final parameters to ``params_rank{r}.pt``;
+* ``DumpParams``: a callback writing each rank's final parameters and buffers to
+  ``params_rank{r}.pt`` (and the initial ones to ``initial_rank{r}.pt``);
 * ``ProcessIds``: a callback writing the id of each rank's process and of its parent, the world
   size and the model's class to ``process_rank{r}.json``;
 * ``FailingMLP``: the digits MLP, raising on one rank at one training step;
@@ -30,17 +31,25 @@ def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
 
 
 class DumpParams(CallbackMixin):
-    """Save this rank's parameters at loop end to ``out_dir/params_rank{rank}.pt``."""
+    """Save this rank's parameters and buffers at loop end to ``out_dir/params_rank{rank}.pt``
+    (and, with ``initial=True``, at loop begin to ``out_dir/initial_rank{rank}.pt``)."""
 
-    def __init__(self, out_dir: str) -> None:
-        self.out_dir = out_dir
+    def __init__(self, out_dir: str, initial: bool = False) -> None:
+        self.out_dir, self.initial = out_dir, initial
 
-    def on_loop_end(self, model, **kwargs) -> None:
+    def _save(self, model, name: str) -> None:
         import ignite.distributed as idist
 
         os.makedirs(self.out_dir, exist_ok=True)
         state = {k: v.detach().clone() for k, v in _unwrap(model).state_dict().items()}
-        torch.save(state, os.path.join(self.out_dir, f"params_rank{idist.get_rank()}.pt"))
+        torch.save(state, os.path.join(self.out_dir, f"{name}_rank{idist.get_rank()}.pt"))
+
+    def on_loop_begin(self, model, **kwargs) -> None:
+        if self.initial:
+            self._save(model, "initial")
+
+    def on_loop_end(self, model, **kwargs) -> None:
+        self._save(model, "params")
 
 
 class ProcessIds(CallbackMixin):

@@ -19,6 +19,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from hat_ignite.engine.dist_data import distributed_loader, shared_seed
 from hat_ignite.engine.loop import build_if_config
+from hat_ignite.engine.sync_batch_norm import CpuSyncBatchNorm, convert_sync_batchnorm
 from hat_ignite.engine.trainer import Trainer
 
 __all__ = ["DistributedDataParallelTrainer", "DataParallelTrainer"]
@@ -72,8 +73,12 @@ class DistributedDataParallelTrainer(Trainer):
         callbacks: see :class:`~hat_ignite.engine.loop.LoopBase`. Checkpoint writing, metric
             logging and the progress bar happen on rank 0 only; a checkpoint is loaded by every
             rank.
-        sync_bn: convert ``BatchNorm`` layers to ``SyncBatchNorm`` (statistics over all ranks).
-            Needs CUDA: ``SyncBatchNorm`` does not run on the CPU.
+        sync_bn: convert ``BatchNorm`` layers to ``SyncBatchNorm``: in training each layer
+            normalises with the mean and variance of the batches of all ranks, and its running
+            statistics follow them. On GPUs torch's ``SyncBatchNorm``; on the CPU (gloo)
+            :class:`~hat_ignite.engine.sync_batch_norm.CpuSyncBatchNorm`, the same computation
+            with ``all_reduce``. Either blocks at each layer until every rank has sent its
+            statistics. The checkpoint keys stay ``BatchNorm``'s.
         sync_bn_by_host: with ``sync_bn``, synchronise the statistics only among the ranks of
             the same node.
         train_metrics: see :class:`~hat_ignite.engine.loop.LoopBase`.
@@ -140,11 +145,6 @@ class DistributedDataParallelTrainer(Trainer):
                 f"DistributedDataParallelTrainer: device must be this process's GPU id (an int) or None "
                 f"for the CPU, got {device!r}; the launcher sets it per process."
             )
-        if sync_bn and device is None:
-            raise ValueError(
-                "DistributedDataParallelTrainer(sync_bn=True) needs CUDA devices: SyncBatchNorm does not "
-                "run on the CPU. Set sync_bn=False for a CPU (gloo) run."
-            )
         rank, world = dist.get_rank(), dist.get_world_size()
         data_loader = build_if_config(data_loader, "data_loader")
         task_sampler = build_if_config(task_sampler, "task_sampler")
@@ -182,8 +182,7 @@ class DistributedDataParallelTrainer(Trainer):
 
     def _wrap(self, model: nn.Module) -> nn.Module:
         if self.sync_bn:
-            group = _host_group() if self.sync_bn_by_host else None
-            model = nn.SyncBatchNorm.convert_sync_batchnorm(model, process_group=group)
+            model = self._convert_sync_bn(model)
         ids = [self.device] if self.device is not None else None
         wrap: Callable[[nn.Module], DistributedDataParallel] = lambda m: DistributedDataParallel(  # noqa: E731
             m, device_ids=ids, output_device=self.device, find_unused_parameters=self.find_unused_parameters,
@@ -206,6 +205,30 @@ class DistributedDataParallelTrainer(Trainer):
             setattr(parent, child, wrapper)
             wrappers.append(wrapper)
         model.no_sync = lambda: _no_sync_all(wrappers)  # type: ignore[assignment]
+        return model
+
+    def _convert_sync_bn(self, model: nn.Module) -> nn.Module:
+        """``model`` with its BatchNorm layers synchronised over all ranks (or this node's)."""
+        group = _host_group() if self.sync_bn_by_host else None
+        if self.device is None:  # torch's SyncBatchNorm runs on accelerators only, DDP refuses it on the CPU
+            model = convert_sync_batchnorm(model, process_group=group)
+        else:
+            model = nn.SyncBatchNorm.convert_sync_batchnorm(model, process_group=group)
+        layers = [m for m in model.modules() if isinstance(m, (nn.SyncBatchNorm, CpuSyncBatchNorm))]
+        if torch.distributed.get_rank() != 0:
+            return model
+        if layers:
+            logger.info(
+                "sync_bn: %d BatchNorm layers (%s) normalise over the batches of %d ranks%s",
+                len(layers), type(layers[0]).__name__, torch.distributed.get_world_size(group),
+                " (this node's)" if self.sync_bn_by_host else "",
+            )
+        else:
+            logger.info(
+                "sync_bn: the model has no BatchNorm layer to synchronise (after a quantization converter, "
+                "qat_mode='fuse_bn' has folded BatchNorm into the convs, and with 'with_bn' it lies inside the "
+                "exported graph, where each rank normalises its own batch)"
+            )
         return model
 
 
