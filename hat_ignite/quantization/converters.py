@@ -31,6 +31,7 @@ from hat_ignite.errors import QuantizationError
 from hat_ignite.quantization.capture import Captured, capture_inputs, export_module
 from hat_ignite.quantization.used_inputs import unused_entries, without_entries
 from hat_ignite.quantization.examples import example_batches, later_checkpoints
+from hat_ignite.quantization.inductor import InductorRunner, inductor_enabled
 from hat_ignite.quantization.prepared import PreparedModule, prepared_modules
 from hat_ignite.quantization.record import make_inputs, prepared_record, read_records
 from hat_ignite.quantization.select import stable_modules
@@ -353,20 +354,27 @@ class QAT2Quantize:
     """Calibrated or QAT model -> int8 model with torchao's ``convert_pt2e``.
 
     Weights become int8 tensors (per-channel scales), activations are quantized to uint8 around
-    each quantized op; the float weights are dropped. The result runs on the CPU as is (reference
-    quantize/dequantize ops); ``torch.compile`` lowers it to int8 kernels.
+    each quantized op; the float weights are dropped. In eval mode without gradients the int8
+    graph runs through inductor with freezing (oneDNN int8 kernels), compiled at its first call;
+    where that cannot be built it runs as converted (reference quantize/dequantize ops), with a
+    log line saying why (see :mod:`~hat_ignite.quantization.inductor`). Exporting the model
+    (``save_quantized_model``, the ``int_infer`` stage's ``.pt2``) captures the graph as converted.
 
     Args:
         convert_mode: HAT's ``"eager"``, ``"fx"``, ``"jit"`` or ``"jit-strip"``: all are the one
             ``convert_pt2e`` conversion here (see :data:`~hat_ignite.quantization.qconfig.CONVERT_MODES`);
             any other value raises.
+        inductor: run the int8 graphs through inductor (``True``) or as converted (``False``);
+            ``None`` (default): on unless the environment variable ``HAT_IGNITE_INT8_INDUCTOR``
+            is ``0``.
 
     Raises:
         QuantizationError: the model was never prepared, or is already int8.
     """
 
-    def __init__(self, convert_mode: str = "eager") -> None:
+    def __init__(self, convert_mode: str = "eager", inductor: bool | None = None) -> None:
         self.convert_mode = check_convert_mode(convert_mode, type(self).__name__)
+        self.inductor = inductor
 
     def __call__(self, model: nn.Module) -> nn.Module:
         import_torchao()
@@ -385,6 +393,8 @@ class QAT2Quantize:
             _drop_unused_weights(converted)
             quantized = PreparedModule(converted, "quantized", m.qname, graph_training=False, record=m.record)
             quantized.input_keys = m.input_keys
+            where = f"the int8 module {m.qname!r}" if m.qname else "the int8 model"
+            quantized.inductor = InductorRunner(where, enabled=inductor_enabled(self.inductor))
             model = _replace(model, m, quantized.eval())
         return model.eval()
 

@@ -18,6 +18,7 @@ from torch import nn
 
 from hat_ignite.errors import CheckpointError
 from hat_ignite.quantization.capture import export_module, model_args
+from hat_ignite.quantization.inductor import LoadedProgram
 from hat_ignite.quantization.torchao_import import import_torchao
 from hat_ignite.regular_files import open_regular
 
@@ -107,8 +108,19 @@ def save_quantized_model(model: nn.Module, path: PathLike, example_inputs: Any) 
     return path
 
 
-def load_quantized_model(path: PathLike) -> nn.Module:
-    """Load a model saved by :func:`save_quantized_model`; ``eval()`` / ``train()`` work on it.
+def load_quantized_model(path: PathLike, inductor: bool | None = None) -> LoadedProgram:
+    """Load a model saved by :func:`save_quantized_model`, in eval mode; ``eval()`` / ``train()``
+    work on it.
+
+    In eval mode without gradients the program runs through inductor with freezing (int8
+    kernels), compiled at the first call; where that cannot be built it runs as saved, with a log
+    line saying why (see :mod:`~hat_ignite.quantization.inductor`). The program as saved is the
+    returned module's ``program``.
+
+    Args:
+        path: the ``.pt2`` file.
+        inductor: ``False`` runs the program as saved; ``None`` (default): through inductor
+            unless the environment variable ``HAT_IGNITE_INT8_INDUCTOR`` is ``0``.
 
     Raises:
         CheckpointError: the file is missing or is not a saved program; names the path.
@@ -131,5 +143,4 @@ def load_quantized_model(path: PathLike) -> nn.Module:
         ) from exc
     module = program.module()
     allow_exported_model_train_eval(module)
-    module.eval()
-    return module
+    return LoadedProgram(module, f"the int8 model {path}", inductor).eval()

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from hat_ignite.errors import QuantizationError
+from hat_ignite.quantization.inductor import InductorRunner
 from hat_ignite.quantization.used_inputs import input_keys, keep_keys
 from hat_ignite.quantization.torchao_import import import_torchao
 
@@ -99,6 +100,9 @@ class PreparedModule(nn.Module):
         #: the keys of each dict input the graph takes (set from the example inputs), see
         #: :mod:`~hat_ignite.quantization.used_inputs`; ``None``: inputs are passed as they are
         self.input_keys: list[frozenset | None] | None = None
+        #: how a ``"quantized"`` graph runs: through inductor or as saved (set by ``QAT2Quantize``;
+        #: ``None``: as saved), see :mod:`~hat_ignite.quantization.inductor`
+        self.inductor: InductorRunner | None = None
         self._default_averaging = [
             getattr(getattr(fq, "activation_post_process", None), "averaging_constant", None)
             for fq in self._fake_quantizers
@@ -229,11 +233,15 @@ class PreparedModule(nn.Module):
     def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
         super()._load_from_state_dict(*args, **kwargs)
         self._applied = None  # the loaded switches replace the applied ones: re-apply on forward
+        if self.inductor is not None:
+            self.inductor.reset()  # compiled code holds the frozen weights: compile again
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         self._apply_switches()
         if self.input_keys is not None:  # a dict input may hold entries the graph does not take
             args = keep_keys(args, self.input_keys)
+        if self.inductor is not None and self.stage == "quantized":
+            return self.inductor(self.graph, self.training, args, kwargs)
         return self.graph(*args, **kwargs)
 
     def extra_repr(self) -> str:
