@@ -16,7 +16,7 @@ Times are medians of interleaved rounds (each round times every variant once, in
 order). Also printed: the CPU's int8-relevant flags, the ISA oneDNN reports, compile times and
 how close the int8 logits are to the float ones.
 
-    python bench/int8_speed.py [--work-dir work_dirs/int8_speed] [--rounds 10] [--threads 1,ALL]
+    python bench/int8_speed.py [--work-dir work_dirs/int8_speed] [--rounds 7] [--threads 1,ALL]
 
 Prints a Markdown table and writes it to WORK_DIR/int8_speed.md.
 """
@@ -128,18 +128,21 @@ def prepare(work_dir: str) -> dict[str, Any]:
     return {"prepare_s": prepared, "convert_s": converted, "pt2": path}
 
 
-def cpu_flags() -> list[str]:
+def cpu_info() -> tuple[str, list[str]]:
+    """The CPU's model name and which of :data:`INT8_FLAGS` it has (Linux ``/proc/cpuinfo``)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
-            flags = next((ln.split(":", 1)[1].split() for ln in f if ln.startswith("flags")), [])
+            lines = f.read().splitlines()
     except OSError:
-        return []
-    return [f for f in INT8_FLAGS if f in flags]
+        return "unknown CPU", []
+    name = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), "unknown CPU")
+    flags = next((ln.split(":", 1)[1].split() for ln in lines if ln.startswith("flags")), [])
+    return name, [f for f in INT8_FLAGS if f in flags]
 
 
 def onednn_isa() -> str:
     """The ISA line oneDNN prints for its first primitive (``ONEDNN_VERBOSE=1``)."""
-    code = "import torch; torch.nn.functional.conv2d(torch.rand(1, 8, 8, 8), torch.rand(8, 8, 3, 3))"
+    code = "import torch; torch.nn.functional.conv2d(torch.rand(1, 64, 56, 56), torch.rand(64, 64, 3, 3))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                          env=dict(os.environ, ONEDNN_VERBOSE="1"))
     line = next((ln for ln in out.stdout.splitlines() if ",info,cpu,isa:" in ln), "")
@@ -163,7 +166,8 @@ def measure(work_dir: str, threads: int, rounds: int) -> dict[str, Any]:
     variants: dict[str, Callable] = {
         "float": net, "float_compiled": torch.compile(net), "int8_saved": int8_saved, "int8_inductor": int8_inductor,
     }
-    frozen = torch.compile(net)
+    # its own function: torch.compile(net) a second time would reuse the first one's compiled code
+    frozen = torch.compile(lambda x: net(x))
 
     def float_frozen(x: Any) -> Any:
         with torch._inductor.config.patch(freezing=True):
@@ -181,11 +185,12 @@ def measure(work_dir: str, threads: int, rounds: int) -> dict[str, Any]:
         out = int8_inductor(first)
     cosine = torch.nn.functional.cosine_similarity(ref.flatten(1), out.flatten(1)).mean().item()
     agree = (ref.argmax(1) == out.argmax(1)).float().mean().item()
+    load = os.getloadavg()[0]
     latency = {n: interleaved_medians(variants, images(n, seed=2), rounds) for n in BATCH_SIZES}
     runner = int8_inductor.inductor
     return {
         "threads": threads, "latency": latency, "first_call_s": compile_s, "cosine": cosine, "top1_agree": agree,
-        "inductor_state": runner.state, "inductor_reason": runner.reason,
+        "inductor_state": runner.state, "inductor_reason": runner.reason, "load": [load, os.getloadavg()[0]],
     }
 
 
@@ -205,9 +210,11 @@ def table(results: list[dict[str, Any]], info: dict[str, Any], rounds: int) -> s
     lines += [
         "",
         "(×: float32 eager's time divided by the row's; above 1 is faster than float eager.)",
-        f"Medians of {rounds} interleaved rounds; torch {torch.__version__}, {os.cpu_count()} CPU(s) visible, "
-        f"CPU flags {', '.join(info['flags']) or 'none of ' + ', '.join(INT8_FLAGS)}; oneDNN ISA: {info['isa']}; "
-        f"torch CPU capability {info['capability']}.",
+        f"Medians of {rounds} interleaved rounds; torch {torch.__version__}; {info['cpu']}, {os.cpu_count()} "
+        f"CPU(s) visible, flags {', '.join(info['flags']) or 'none of ' + ', '.join(INT8_FLAGS)}; oneDNN ISA: "
+        f"{info['isa']}; torch CPU capability {info['capability']}. 1-minute load average before and after "
+        "the timed rounds: " + "; ".join(f"{r['threads']} thread(s) {r['load'][0]:.1f} / {r['load'][1]:.1f}"
+                                          for r in results) + ".",
         f"Preparing took {info['prepare_s']:.0f} s, converting {info['convert_s']:.0f} s; first call "
         "(compile + run, batch 32): " + "; ".join(
             f"{r['threads']} thread(s): float {r['first_call_s']['float_compiled']:.0f} s, float frozen "
@@ -225,7 +232,7 @@ def table(results: list[dict[str, Any]], info: dict[str, Any], rounds: int) -> s
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work-dir", default=os.path.join("work_dirs", "int8_speed"))
-    parser.add_argument("--rounds", type=int, default=10, help="interleaved timing rounds (default 10)")
+    parser.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds (default 7)")
     parser.add_argument("--threads", default=f"1,{os.cpu_count()}",
                         help="comma-separated thread counts, each timed in its own process (default 1 and all cores)")
     parser.add_argument("--measure-threads", type=int, help=argparse.SUPPRESS)  # the child process
@@ -245,7 +252,8 @@ def main() -> None:
     import torch
 
     info = prepare(work_dir)
-    info.update(flags=cpu_flags(), isa=onednn_isa(), capability=torch.backends.cpu.get_cpu_capability())
+    cpu, flags = cpu_info()
+    info.update(cpu=cpu, flags=flags, isa=onednn_isa(), capability=torch.backends.cpu.get_cpu_capability())
     results = []
     for n in threads:
         cmd = [sys.executable, os.path.abspath(__file__), "--work-dir", work_dir, "--rounds", str(args.rounds),

@@ -357,7 +357,7 @@ class QAT2Quantize:
     each quantized op; the float weights are dropped. In eval mode without gradients the int8
     graph runs through inductor with freezing (oneDNN int8 kernels), compiled at its first call;
     where that cannot be built it runs as converted (reference quantize/dequantize ops), with a
-    log line saying why (see :mod:`~hat_ignite.quantization.inductor`). Exporting the model
+    log line saying why (see ``hat_ignite.quantization.inductor``). Exporting the model
     (``save_quantized_model``, the ``int_infer`` stage's ``.pt2``) captures the graph as converted.
 
     Args:

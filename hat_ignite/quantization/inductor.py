@@ -9,14 +9,14 @@ linear with their fused post-ops), which run faster than float on CPUs with AVX-
 
 * It compiles lazily, at the first call in eval mode without gradients, and logs a start line and
   a done line with the time taken (tens of seconds for a conv net on a CPU).
-* Shapes are static: each new input shape (a predictor's last, smaller batch) compiles once
-  more, logged the same way, up to :attr:`InductorRunner.MAX_SHAPES` shapes; further shapes run
+* Shapes are static: each new input shape (a predictor's last, smaller batch; also a new
+  layout, dtype or device) compiles once more, logged the same way, up to :attr:`InductorRunner.MAX_SHAPES` shapes; further shapes run
   as saved. (With a dynamic batch dimension torch 2.13's int8 lowering fails on some graphs.)
 * A compile or first-run failure (no C++ compiler, a compile error, an op inductor cannot
   lower) is logged once, with the reason, and from then on the graph runs as saved. An input the
   graph itself refuses raises the graph's own error.
-* In training mode, with gradients wanted, or while the surrounding model is being exported or
-  compiled, the graph runs as saved.
+* In training mode, with gradients wanted, or while the surrounding model is being exported,
+  compiled or traced (``torch.jit.trace``), the graph runs as saved.
 * Turn it off with ``inductor=False`` (``QAT2Quantize``, ``load_quantized_model``) or the
   environment variable ``HAT_IGNITE_INT8_INDUCTOR=0``.
 
@@ -86,8 +86,8 @@ def _tensors(value: Any) -> Iterator[torch.Tensor]:
 
 
 def _shapes(args: tuple, kwargs: dict) -> tuple:
-    """What a compiled graph is specialised on: the shape and dtype of every input tensor."""
-    return tuple((tuple(t.shape), t.dtype) for t in _tensors((args, kwargs)))
+    """What compiled code is specialised on: shape, strides, dtype, device, requires_grad of each input."""
+    return tuple((tuple(t.shape), t.stride(), t.dtype, t.device, t.requires_grad) for t in _tensors((args, kwargs)))
 
 
 class InductorRunner:
@@ -138,11 +138,23 @@ class InductorRunner:
         return dict(fresh.__dict__)
 
     def _wanted(self, training: bool, args: tuple, kwargs: dict) -> bool:
-        if self.state in ("off", "fallback") or training or torch.compiler.is_compiling():
+        if self.state in ("off", "fallback") or training or torch.compiler.is_compiling() or torch.jit.is_tracing():
             return False
         if torch.is_grad_enabled():  # inference only: no compiled path if a gradient is wanted
             return not any(t.requires_grad for t in _tensors((args, kwargs)))
         return True
+
+    @staticmethod
+    def _compile_and_run(compiled: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        """The call that compiles for new inputs: freezing on (read while compiling only; the
+        patch costs ~30 us, so calls on compiled shapes skip it)."""
+        import torch._inductor.config as inductor_config
+
+        with inductor_config.patch(freezing=True), warnings.catch_warnings():
+            # torch's int8 conv lowering copies a tensor with torch.tensor(): a warning for torch
+            warnings.filterwarnings("ignore", "To copy construct from a tensor", UserWarning,
+                                    "torch._inductor.mkldnn_lowerings")
+            return compiled(*args, **kwargs)
 
     def __call__(self, plain: Callable[..., Any], training: bool, args: tuple, kwargs: dict) -> Any:
         """``plain(*args, **kwargs)``, through inductor when it can (see the module doc).
@@ -165,7 +177,7 @@ class InductorRunner:
                                 self.MAX_SHAPES)
                     self._shapes.add(())  # logged once
                 return plain(*args, **kwargs)
-            sizes = ", ".join("x".join(map(str, shape)) for shape, _ in shapes)
+            sizes = ", ".join("x".join(map(str, shape)) for shape, *_ in shapes)
             logger.info("compiling %s with inductor for inputs of shape %s (freezing: int8 kernels); this takes a "
                         "while on a CPU", self.where, sizes)
         compiled = self._compiled
@@ -173,16 +185,11 @@ class InductorRunner:
             # static shapes: with a dynamic batch dimension, torch 2.13's int8 lowering fails on
             # some graphs (a stride assertion); each new batch size compiles once instead
             compiled = self._compiled = torch.compile(plain, dynamic=False)
-        import torch._inductor.config as inductor_config
-
         start = time.perf_counter()
         failure: Exception | None = None
         try:
-            with torch.no_grad(), inductor_config.patch(freezing=True), warnings.catch_warnings():
-                # torch's int8 conv lowering copies a tensor with torch.tensor(): a warning for torch
-                warnings.filterwarnings("ignore", "To copy construct from a tensor", UserWarning,
-                                        "torch._inductor.mkldnn_lowerings")
-                out = compiled(*args, **kwargs)
+            with torch.no_grad():
+                out = self._compile_and_run(compiled, args, kwargs) if new else compiled(*args, **kwargs)
         except Exception as exc:  # any build failure: run as saved
             failure = exc
         if failure is not None:

@@ -114,7 +114,7 @@ def load_quantized_model(path: PathLike, inductor: bool | None = None) -> Loaded
 
     In eval mode without gradients the program runs through inductor with freezing (int8
     kernels), compiled at the first call; where that cannot be built it runs as saved, with a log
-    line saying why (see :mod:`~hat_ignite.quantization.inductor`). The program as saved is the
+    line saying why (see ``hat_ignite.quantization.inductor``). The program as saved is the
     returned module's ``program``.
 
     Args:

@@ -101,7 +101,7 @@ class PreparedModule(nn.Module):
         #: :mod:`~hat_ignite.quantization.used_inputs`; ``None``: inputs are passed as they are
         self.input_keys: list[frozenset | None] | None = None
         #: how a ``"quantized"`` graph runs: through inductor or as saved (set by ``QAT2Quantize``;
-        #: ``None``: as saved), see :mod:`~hat_ignite.quantization.inductor`
+        #: ``None``: as saved), see :mod:`hat_ignite.quantization.inductor`
         self.inductor: InductorRunner | None = None
         self._default_averaging = [
             getattr(getattr(fq, "activation_post_process", None), "averaging_constant", None)
