@@ -354,11 +354,9 @@ class QAT2Quantize:
     """Calibrated or QAT model -> int8 model with torchao's ``convert_pt2e``.
 
     Weights become int8 tensors (per-channel scales), activations are quantized to uint8 around
-    each quantized op; the float weights are dropped. In eval mode without gradients the int8
-    graph runs through inductor with freezing (oneDNN int8 kernels), compiled at its first call;
-    where that cannot be built it runs as converted (reference quantize/dequantize ops), with a
-    log line saying why (see ``hat_ignite.quantization.inductor``). Exporting the model
-    (``save_quantized_model``, the ``int_infer`` stage's ``.pt2``) captures the graph as converted.
+    each quantized op; the float weights are dropped. In eval mode the graph runs on inductor's
+    int8 kernels, compiled at its first call (where that cannot be built: as converted, and a log
+    line says why; see ``hat_ignite.quantization.inductor``). Exports take the graph as converted.
 
     Args:
         convert_mode: HAT's ``"eager"``, ``"fx"``, ``"jit"`` or ``"jit-strip"``: all are the one
@@ -393,13 +391,13 @@ class QAT2Quantize:
             _drop_unused_weights(converted)
             quantized = PreparedModule(converted, "quantized", m.qname, graph_training=False, record=m.record)
             quantized.input_keys = m.input_keys
-            where = f"the int8 module {m.qname!r}" if m.qname else "the int8 model"
-            quantized.inductor = InductorRunner(where, enabled=inductor_enabled(self.inductor))
+            quantized.inductor = InductorRunner(f"the int8 module {m.qname!r}" if m.qname else "the int8 model",
+                                                enabled=inductor_enabled(self.inductor))
             model = _replace(model, m, quantized.eval())
         return model.eval()
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}()"
+        return f"{type(self).__name__}()" if self.inductor is None else f"{type(self).__name__}(inductor={self.inductor})"
 
 
 class Calibration2Quantize(QAT2Quantize):

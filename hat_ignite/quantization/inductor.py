@@ -196,10 +196,10 @@ class InductorRunner:
             out = plain(*args, **kwargs)  # inputs the graph refuses raise the graph's own error here
             self._compiled, self._shapes = None, set()
             self.state, self.reason = "fallback", _first_line(failure)
+            hint = " Inductor needs a working C++ compiler (g++, or the one CXX names);" if "Cxx" in self.reason else ""
             logger.warning(
                 "%s runs as saved (reference int8 ops, usually slower than float): inductor could not "
-                "build it: %s. Inductor needs a working C++ compiler (g++, or the one CXX names); %s=0 "
-                "skips the attempt.", self.where, self.reason, ENV_VAR,
+                "build it: %s.%s %s=0 skips the attempt.", self.where, self.reason, hint, ENV_VAR,
             )
             return out
         if new:
