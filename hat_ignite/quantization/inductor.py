@@ -8,10 +8,11 @@ linear with their fused post-ops), which run faster than float on CPUs with AVX-
 :class:`InductorRunner` does this by default:
 
 * It compiles lazily, at the first call in eval mode without gradients, and logs a start line and
-  a done line with the time taken (tens of seconds for a conv net on a CPU).
-* Shapes are static: each new input shape (a predictor's last, smaller batch; also a new
-  layout, dtype or device) compiles once more, logged the same way, up to :attr:`InductorRunner.MAX_SHAPES` shapes; further shapes run
-  as saved. (With a dynamic batch dimension torch 2.13's int8 lowering fails on some graphs.)
+  a done line with the time taken (seconds to tens of seconds for a conv net on a CPU).
+* Shapes are static: each new input shape (a predictor's last, smaller batch; also a new layout,
+  dtype or device) compiles once more, logged the same way, up to
+  :attr:`InductorRunner.MAX_SHAPES` shapes; further shapes run as saved. (With a dynamic batch
+  dimension torch 2.13's int8 lowering fails on some graphs: a stride assertion.)
 * A compile or first-run failure (no C++ compiler, a compile error, an op inductor cannot
   lower) is logged once, with the reason, and from then on the graph runs as saved. An input the
   graph itself refuses raises the graph's own error.
@@ -22,8 +23,8 @@ linear with their fused post-ops), which run faster than float on CPUs with AVX-
 
 torch 2.13 note: ``torch.compile(graph, options={"freezing": True})`` fails on these graphs
 (``UnsupportedOperatorException: onednn.qconv_prepack`` while inductor compiles), so freezing is
-switched on with ``torch._inductor.config.patch(freezing=True)`` around each compiled call: the
-setting torchao's x86 inductor guide makes process-wide, here scoped to these calls.
+switched on with ``torch._inductor.config.patch(freezing=True)`` around each call that compiles:
+the setting torchao's x86 inductor guide makes process-wide, here scoped to these calls.
 
 >>> runner = InductorRunner("an example graph", enabled=False)
 >>> runner.state
@@ -39,7 +40,7 @@ import logging
 import os
 import time
 import warnings
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, cast
 
 import torch
 from torch import nn
@@ -236,9 +237,7 @@ class LoadedProgram(nn.Module):
     @property
     def graph(self) -> torch.fx.Graph:
         """The program's FX graph, as saved."""
-        graph = self.program.graph
-        assert isinstance(graph, torch.fx.Graph)
-        return graph
+        return cast(torch.fx.Graph, self.program.graph)
 
     def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
         super()._load_from_state_dict(*args, **kwargs)
