@@ -11,6 +11,7 @@ follows the run. Without ``-q`` pytest's own per-file lines are used and the opt
 
 from __future__ import annotations
 
+import os
 import time
 from collections import Counter
 from typing import Any
@@ -86,5 +87,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # int8 graphs run as converted in the tests (and the CLI runs they start): compiling each with
+    # inductor costs seconds to tens of seconds. The tests of the inductor path turn it on
+    # themselves (tests/test_int8_inductor.py); HAT_IGNITE_INT8_INDUCTOR=1 runs the suite with it.
+    os.environ.setdefault("HAT_IGNITE_INT8_INDUCTOR", "0")
     if config.getoption("file_progress") and config.get_verbosity() < 0:
         config.pluginmanager.register(FileProgress(config), "file-progress")

@@ -9,8 +9,9 @@ calibration -> qat -> int_infer) in a work dir, then measures:
 * CPU latency with one thread, per batch of 1 and of 64 images, medians of interleaved rounds
   (each round times every variant once, in rotating order): the float model eager and under
   ``torch.compile`` (inductor), and the int8 program as saved (reference quantize/dequantize
-  ops) and under ``torch.compile`` (inductor's int8 kernels, ``freezing=True``). A variant that
-  cannot be built here is reported with the reason.
+  ops) and through inductor as ``hat-predict`` runs it (int8 kernels, freezing; see
+  ``hat_ignite.quantization.inductor``). A variant that cannot be built here is reported with
+  the reason.
 
     python bench/convnet_report.py [--work-dir work_dirs/convnet_report] [--reuse] [--rounds 30]
 
@@ -35,21 +36,17 @@ CONFIG = os.path.join(ROOT, "configs", "classification", "digits_resnet.py")
 BATCH_SIZES = (1, 64)
 
 
-def _compile(model: Any, batch: Any, int8: bool) -> tuple[Callable | None, str]:
+def _compile(model: Any, batch: Any) -> tuple[Callable | None, str]:
     """``torch.compile(model)``, run once; ``(None, reason)`` when inductor cannot build it here."""
     import torch
 
     try:
-        if int8:
-            torch._inductor.config.freezing = True  # int8 kernels need constant-folded weights
         compiled = torch.compile(model)
         with torch.no_grad():
             compiled(batch)
         return compiled, ""
     except Exception as exc:  # any build failure is reported, not fatal
         return None, f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:160]}"
-    finally:
-        torch._inductor.config.freezing = False
 
 
 def interleaved_medians(variants: dict[str, Callable], batch: Any, rounds: int) -> dict[str, float]:
@@ -91,17 +88,23 @@ def measure(work_dir: str, rounds: int, stage_seconds: dict[str, float]) -> str:
     batches = {n: {"img": data.images[:n], "labels": data.labels[:n]} for n in BATCH_SIZES}
     float_pt2 = save_quantized_model(float_model, os.path.join(ckpts, "float-model.pt2"), batches[64])
     int8_path = os.path.join(ckpts, "int_infer-model.pt2")
-    int8_model = load_quantized_model(int8_path)
+    int8_model = load_quantized_model(int8_path, inductor=False)  # the program as saved
+    int8_inductor = load_quantized_model(int8_path)  # as hat-predict runs it: inductor, freezing
 
     eager = {"float32 eager": float_model, "int8 program (`int_infer`)": int8_model}
     compiled: dict[str, Callable] = {}
     notes = []
-    for label, model, int8 in (("float32 `torch.compile`", float_model, False), ("int8 program, `torch.compile`", int8_model, True)):
-        fn, why = _compile(model, batches[1], int8)
-        if fn is None:
-            notes.append(f"{label}: inductor could not build it here ({why})")
-        else:
-            compiled[label] = fn
+    fn, why = _compile(float_model, batches[1])
+    if fn is None:
+        notes.append(f"float32 `torch.compile`: inductor could not build it here ({why})")
+    else:
+        compiled["float32 `torch.compile`"] = fn
+    with torch.no_grad():
+        int8_inductor(batches[1])
+    if int8_inductor.inductor.state == "compiled":
+        compiled["int8 program, `torch.compile`"] = int8_inductor
+    else:
+        notes.append(f"int8 program, `torch.compile`: inductor could not build it here ({int8_inductor.inductor.reason})")
     variants = {**eager, **compiled}
     latency = {n: interleaved_medians(variants, batches[n], rounds) for n in BATCH_SIZES}
 

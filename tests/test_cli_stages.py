@@ -72,3 +72,31 @@ def test_a_stage_whose_input_is_missing_fails_fast(tmp_path):
     assert out.stderr.count("which does not exist") == 1 and "(rank" not in out.stderr
     assert "stage 'calibration'" in out.stderr and "--stage calibration" in out.stderr
     assert not work.exists()
+
+
+def test_int_infer_runs_int8_through_inductor_or_says_why_not(chain, tmp_path):
+    """The stage's int8 graph goes to inductor by default; here inductor finds no C++ compiler
+    (``CXX`` names none, the inductor cache is empty), so it runs as converted after one warning."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    work, metrics, _ = chain
+    copy = tmp_path / "work"
+    shutil.copytree(work, copy)
+    env = dict(os.environ, HAT_IGNITE_INT8_INDUCTOR="1", CXX=str(tmp_path / "no-such-c++"),
+               TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "cache"))
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bin" / "hat-predict"), DIGITS_CONFIG, "--stage", "int_infer", "--work-dir", copy],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "compiling the int8 module 'net' with inductor for inputs of shape 256x64 " in out.stderr
+    warnings = [ln for ln in out.stderr.splitlines() if "runs as saved" in ln]
+    assert len(warnings) == 1 and "the int8 module 'net' runs as saved" in warnings[0], out.stderr[-3000:]
+    assert "InvalidCxxCompiler" in warnings[0] and "HAT_IGNITE_INT8_INDUCTOR=0" in warnings[0]
+    again = json.loads((copy / "metrics.json").read_text())["int_infer_predict"]["metrics"]["accuracy"]
+    assert again == metrics["int_infer_predict"]["metrics"]["accuracy"]  # the graph as converted, as before

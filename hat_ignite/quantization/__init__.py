@@ -15,6 +15,7 @@ _EXPORTS = {
         "Calibration2QAT", "Calibration2Quantize", "Float2Calibration", "Float2QAT", "QAT2Quantize",
         "default_quantizer",
     ],
+    "hat_ignite.quantization.inductor": ["LoadedProgram"],
     "hat_ignite.quantization.io": ["file_sha256", "load_quantized_model", "save_quantized_model", "tensor_bytes"],
     "hat_ignite.quantization.pipeline": ["ModelConvertPipeline"],
     "hat_ignite.quantization.prepared": ["STAGES", "PreparedModule", "observing", "prepared_modules"],
@@ -35,6 +36,7 @@ __all__ = [
     "prepared_modules",
     "save_quantized_model",
     "load_quantized_model",
+    "LoadedProgram",
     "file_sha256",
     "tensor_bytes",
     "QAT_MODES",
@@ -53,6 +55,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
         QAT2Quantize,
         default_quantizer,
     )
+    from hat_ignite.quantization.inductor import LoadedProgram
     from hat_ignite.quantization.io import file_sha256, load_quantized_model, save_quantized_model, tensor_bytes
     from hat_ignite.quantization.pipeline import ModelConvertPipeline
     from hat_ignite.quantization.prepared import STAGES, PreparedModule, observing, prepared_modules

@@ -31,6 +31,7 @@ from hat_ignite.errors import QuantizationError
 from hat_ignite.quantization.capture import Captured, export_module
 from hat_ignite.quantization.module_calls import tag_module_calls
 from hat_ignite.quantization.observer_match import uncalled_modules
+from hat_ignite.quantization.inductor import InductorRunner, inductor_enabled
 from hat_ignite.quantization.prepared import PreparedModule, prepared_modules
 from hat_ignite.quantization.qconfig import check_convert_mode, check_qat_mode
 from hat_ignite.quantization.record import prepared_record
@@ -329,20 +330,25 @@ class QAT2Quantize:
     """Calibrated or QAT model -> int8 model with torchao's ``convert_pt2e``.
 
     Weights become int8 tensors (per-channel scales), activations are quantized to uint8 around
-    each quantized op; the float weights are dropped. The result runs on the CPU as is (reference
-    quantize/dequantize ops); ``torch.compile`` lowers it to int8 kernels.
+    each quantized op; the float weights are dropped. In eval mode the graph runs on inductor's
+    int8 kernels, compiled at its first call (where that cannot be built: as converted, and a log
+    line says why; see ``hat_ignite.quantization.inductor``). Exports take the graph as converted.
 
     Args:
         convert_mode: HAT's ``"eager"``, ``"fx"``, ``"jit"`` or ``"jit-strip"``: all are the one
             ``convert_pt2e`` conversion here (see :data:`~hat_ignite.quantization.qconfig.CONVERT_MODES`);
             any other value raises.
+        inductor: run the int8 graphs through inductor (``True``) or as converted (``False``);
+            ``None`` (default): on unless the environment variable ``HAT_IGNITE_INT8_INDUCTOR``
+            is ``0``.
 
     Raises:
         QuantizationError: the model was never prepared, or is already int8.
     """
 
-    def __init__(self, convert_mode: str = "eager") -> None:
+    def __init__(self, convert_mode: str = "eager", inductor: bool | None = None) -> None:
         self.convert_mode = check_convert_mode(convert_mode, type(self).__name__)
+        self.inductor = inductor
 
     def __call__(self, model: nn.Module) -> nn.Module:
         import_torchao()
@@ -362,11 +368,13 @@ class QAT2Quantize:
                 _drop_unused_weights(converted)
             quantized = PreparedModule(converted, "quantized", m.qname, graph_training=False, record=m.record)
             quantized.input_keys = m.input_keys
+            quantized.inductor = InductorRunner(f"the int8 module {m.qname!r}" if m.qname else "the int8 model",
+                                                enabled=inductor_enabled(self.inductor))
             model = _replace(model, m, quantized.eval())
         return model.eval()
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}()"
+        return f"{type(self).__name__}()" if self.inductor is None else f"{type(self).__name__}(inductor={self.inductor})"
 
 
 class Calibration2Quantize(QAT2Quantize):

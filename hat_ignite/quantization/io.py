@@ -21,6 +21,7 @@ from hat_ignite.errors import CheckpointError
 from hat_ignite.quantization.capture import export_module, model_args
 from hat_ignite.quantization.timed import timed
 from hat_ignite.quantization.used_inputs import keep_keys, unused_entries, without_entries
+from hat_ignite.quantization.inductor import LoadedProgram
 from hat_ignite.quantization.torchao_import import import_torchao
 from hat_ignite.regular_files import open_regular
 
@@ -117,8 +118,19 @@ def save_quantized_model(model: nn.Module, path: PathLike, example_inputs: Any) 
     return path
 
 
-def load_quantized_model(path: PathLike) -> nn.Module:
-    """Load a model saved by :func:`save_quantized_model`; ``eval()`` / ``train()`` work on it.
+def load_quantized_model(path: PathLike, inductor: bool | None = None) -> LoadedProgram:
+    """Load a model saved by :func:`save_quantized_model`, in eval mode; ``eval()`` / ``train()``
+    work on it.
+
+    In eval mode without gradients the program runs through inductor with freezing (int8
+    kernels), compiled at the first call; where that cannot be built it runs as saved, with a log
+    line saying why (see ``hat_ignite.quantization.inductor``). The program as saved is the
+    returned module's ``program``.
+
+    Args:
+        path: the ``.pt2`` file.
+        inductor: ``False`` runs the program as saved; ``None`` (default): through inductor
+            unless the environment variable ``HAT_IGNITE_INT8_INDUCTOR`` is ``0``.
 
     Raises:
         CheckpointError: the file is missing or is not a saved program; names the path.
@@ -144,8 +156,7 @@ def load_quantized_model(path: PathLike) -> nn.Module:
     keys = _dict_input_keys(program)
     if keys is not None:  # called with a whole batch, as the model was: the entries it uses are passed on
         module.register_forward_pre_hook(_KeepKeys(keys), with_kwargs=True, prepend=True)  # before its input check
-    module.eval()
-    return module
+    return LoadedProgram(module, f"the int8 model {path}", inductor).eval()
 
 
 def _dict_input_keys(program: torch.export.ExportedProgram) -> list[frozenset | None] | None:

@@ -37,6 +37,7 @@ from hat_ignite.errors import QuantizationError
 from hat_ignite.quantization.observer_match import observer_identities
 from hat_ignite.quantization.observers.hooks import CalibrationObservers, FakeQuantizeTap
 from hat_ignite.quantization.qconfig import QConfig, parse_qconfig_params
+from hat_ignite.quantization.inductor import InductorRunner
 from hat_ignite.quantization.used_inputs import input_keys, keep_keys
 from hat_ignite.quantization.torchao_import import import_torchao
 
@@ -122,6 +123,9 @@ class PreparedModule(nn.Module):
         self.observers: dict[str, str] = observer_identities(graph) if stage != "quantized" else {}
         #: submodules with weights the exported forward never called (see :mod:`~.observer_match`)
         self.uncalled: list[str] = []
+        #: how a ``"quantized"`` graph runs: through inductor or as saved (set by ``QAT2Quantize``;
+        #: ``None``: as saved), see :mod:`hat_ignite.quantization.inductor`
+        self.inductor: InductorRunner | None = None
         self._default_averaging = [
             getattr(getattr(fq, "activation_post_process", None), "averaging_constant", None)
             for fq in self._fake_quantizers
@@ -331,11 +335,15 @@ class PreparedModule(nn.Module):
         super()._load_from_state_dict(*args, **kwargs)
         self._applied = None  # the loaded switches replace the applied ones: re-apply on forward
         self.ranges_stale = False  # the loaded ranges replace any not yet written
+        if self.inductor is not None:
+            self.inductor.reset()  # compiled code holds the frozen weights: compile again
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         self._apply_switches()
         if self.input_keys is not None:  # a dict input may hold entries the graph does not take
             args = keep_keys(args, self.input_keys)
+        if self.inductor is not None and self.stage == "quantized":
+            return self.inductor(self.graph, self.training, args, kwargs)
         return self.graph(*args, **kwargs)
 
     def extra_repr(self) -> str:
