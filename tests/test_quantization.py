@@ -144,6 +144,29 @@ def test_int8_model_reloads_in_a_fresh_process_with_identical_outputs(digits, tm
     assert out.stdout.strip().endswith("identical")
 
 
+def test_a_model_prepared_whole_saves_and_loads_with_its_batch_entries_it_does_not_use(tmp_path):
+    """A prepared module at the root, and a dict batch with labels the model ignores: the program
+    takes the entries the model uses and a whole batch still."""
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 2))
+
+        def forward(self, data):
+            return self.body(data["img"])
+
+    batch = dict(img=torch.randn(4, 3, 8, 8), labels=torch.zeros(4, dtype=torch.long))
+    model = Float2Calibration(example_inputs=batch)(Net())
+    assert type(model).__name__ == "PreparedModule"
+    with observing(model):
+        model.eval()(batch)
+    int8 = QAT2Quantize(inductor=False)(model)
+    loaded = load_quantized_model(save_quantized_model(int8, tmp_path / "int8.pt2", batch), inductor=False)
+    assert torch.equal(loaded(batch), int8(batch))
+    assert torch.equal(loaded(dict(img=batch["img"][:3])), int8(batch)[:3])
+
+
 class _DataDependent(nn.Module):
     def forward(self, x):
         if x.sum() > 0:  # a Python branch on tensor data: torch.export cannot capture it

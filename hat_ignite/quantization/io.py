@@ -22,6 +22,7 @@ from hat_ignite.quantization.capture import export_module, model_args
 from hat_ignite.quantization.timed import timed
 from hat_ignite.quantization.used_inputs import keep_keys, unused_entries, without_entries
 from hat_ignite.quantization.inductor import LoadedProgram
+from hat_ignite.quantization.prepared import PreparedModule
 from hat_ignite.quantization.torchao_import import import_torchao
 from hat_ignite.regular_files import open_regular
 
@@ -88,6 +89,8 @@ def save_quantized_model(model: nn.Module, path: PathLike, example_inputs: Any) 
     path = os.path.abspath(os.fspath(path))
     directory = os.path.dirname(path)
     os.makedirs(directory, exist_ok=True)
+    if isinstance(model, PreparedModule):
+        model = _Program(model)
     modes = {m: m.training for m in model.modules()}
     model.eval()
     try:
@@ -116,6 +119,18 @@ def save_quantized_model(model: nn.Module, path: PathLike, example_inputs: Any) 
         if os.path.exists(tmp):
             os.remove(tmp)
     return path
+
+
+class _Program(nn.Module):
+    """A model prepared whole, one level down: the root of a loaded program is a ``GraphModule``,
+    whose own ``graph`` a prepared module's ``graph`` attribute would shadow."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, *args: Any) -> Any:
+        return self.model(*args)
 
 
 def load_quantized_model(path: PathLike, inductor: bool | None = None) -> LoadedProgram:
@@ -162,10 +177,16 @@ def load_quantized_model(path: PathLike, inductor: bool | None = None) -> Loaded
 def _dict_input_keys(program: torch.export.ExportedProgram) -> list[frozenset | None] | None:
     """The keys each dict argument of the program takes (``None`` where an argument is no dict)."""
     spec = program.call_spec.in_spec
-    if spec is None or not spec.children_specs:
+    children = _children(spec) if spec is not None else []
+    if not children:
         return None
-    keys = [frozenset(a.context) if a.type is dict else None for a in spec.children_specs[0].children_specs]
+    keys = [frozenset(a.context) if a.type is dict else None for a in _children(children[0])]
     return keys if any(k is not None for k in keys) else None
+
+
+def _children(spec: Any) -> list[Any]:
+    """A pytree spec's children (``children()`` in newer torch, ``children_specs`` before)."""
+    return list(spec.children()) if hasattr(spec, "children") else list(spec.children_specs)
 
 
 class _KeepKeys:
