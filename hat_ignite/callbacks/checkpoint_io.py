@@ -57,6 +57,7 @@ __all__ = [
     "is_temp_file",
     "load_checkpoint",
     "verify_content_hash",
+    "refused_global",
 ]
 
 logger = logging.getLogger(__name__)
@@ -268,16 +269,16 @@ def _torch_detail(exc: Exception) -> str:
 _REFUSED_GLOBAL = re.compile(r"unsupported\s+(?:global:\s*)?GLOBAL\s+([\w.]+)", re.IGNORECASE)
 
 
-def _refused_global(exc: Exception) -> str | None:
+def refused_global(exc: Exception) -> str | None:
     """The global a weights-only load refused (``posix.system``), without torch's advice.
 
     torch's message goes on to advise ``add_safe_globals([...])`` for that global: for a refused
     file that would let its code run, so it is never repeated.
 
-    >>> _refused_global(pickle.UnpicklingError("WeightsUnpickler error: Unsupported global: GLOBAL eval was "
+    >>> refused_global(pickle.UnpicklingError("WeightsUnpickler error: Unsupported global: GLOBAL eval was "
     ...     "not an allowed global by default. Please use `torch.serialization.add_safe_globals([eval])`"))
     'eval'
-    >>> _refused_global(pickle.UnpicklingError("Trying to load unsupported GLOBAL posix.system whose module "
+    >>> refused_global(pickle.UnpicklingError("Trying to load unsupported GLOBAL posix.system whose module "
     ...     "posix is blocked."))
     'posix.system'
     """
@@ -287,14 +288,39 @@ def _refused_global(exc: Exception) -> str | None:
     return found.group(1) if found else None
 
 
+#: How to turn a refused pickle into a checkpoint that loads, without running its code here.
+RESAVE_SAFELY = (
+    "Only if you trust the file's source: convert it in a separate, throw-away environment (a "
+    "container or a virtual machine without your credentials or data), where "
+    "obj = torch.load(path, weights_only=False) runs whatever the file holds; keep only tensors, "
+    "numbers, strings and dicts/lists of them, e.g. torch.save({'state_dict': "
+    "{k: v.detach().clone() for k, v in obj['state_dict'].items()}}, 'clean.pth.tar'); and load "
+    "clean.pth.tar here. Do not load the original here with unpickling turned on or extra globals allowed"
+)
+
+
+def _is_program_archive(path: str) -> bool:
+    """Whether ``path`` is a ``torch.export`` archive (its zip holds ``<root>/archive_format``)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return any(name.split("/", 1)[-1] == "archive_format" for name in archive.namelist())
+    except (OSError, zipfile.BadZipFile, ValueError):
+        return False
+
+
 def _load_error(path: str, exc: Exception) -> CheckpointError:
     detail = _torch_detail(exc)
-    refused = _refused_global(exc)
+    refused = refused_global(exc)
     if refused:
         reason = (
-            f"it holds Python objects that a weights-only load refuses (the global {refused}). "
-            f"Checkpoints are never unpickled with weights_only=False. If you trust the file, "
-            f"re-save it as plain tensors and containers (e.g. torch.save(obj.state_dict(), path))"
+            f"it holds Python objects that a weights-only load refuses (the global {refused}); "
+            f"checkpoints are never unpickled with weights_only=False. {RESAVE_SAFELY}"
+        )
+    elif _is_program_archive(path):
+        reason = (
+            "it is a torch.export program (.pt2, such as the int8 model the int_infer stage writes), "
+            "not a checkpoint of weights. Use it as the model instead: dict(type=\"load_quantized_model\", "
+            "path=...) in the config, or hat_ignite.quantization.load_quantized_model(path)"
         )
     elif not zipfile.is_zipfile(path):
         reason = (

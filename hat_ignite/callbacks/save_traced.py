@@ -6,7 +6,9 @@ training model is not touched) is traced with :func:`torch.jit.trace` on ``trace
 saved as ``<save_dir>/<name_prefix>deploy-checkpoint-last.pt``; load it with
 ``torch.jit.load(path)``, without hat_ignite or the model's code. The same copy is also exported
 with :func:`torch.export.export` and saved with :func:`torch.export.save` as ``...-last.pt2``
-(load with ``torch.export.load(path).module()``); a model that does not export (data-dependent
+(load with ``hat_ignite.pt2.load_program(path).module()``, which checks that the file holds no
+pickled object or code and that its content is the one recorded inside it when it was written,
+or with ``torch.export.load(path).module()``); a model that does not export (data-dependent
 control flow the exporter cannot follow ...) gets a warning in the log naming the reason, and the
 traced file is still written.
 
@@ -230,10 +232,11 @@ class SaveTraced(CallbackMixin):
         return self.traced_path
 
     def _export(self, module: torch.nn.Module, args: tuple[Any, ...]) -> str | None:
+        from hat_ignite.pt2 import program_bytes
+
         try:
             program = torch.export.export(module, args)
-            buffer = io.BytesIO()
-            torch.export.save(program, buffer)
+            data = program_bytes(program)  # records its content hash, checked by hat_ignite.pt2.load_program
         except Exception as exc:  # the exporter fails in many ways; the traced file is what HAT gives
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             logger.warning(
@@ -241,7 +244,7 @@ class SaveTraced(CallbackMixin):
                 type(module).__name__, type(exc).__name__, first,
             )
             return None
-        path = self._write(buffer.getvalue(), ".pt2")
+        path = self._write(data, ".pt2")
         logger.info("SaveTraced: saved the exported program to %s", path)
         return path
 

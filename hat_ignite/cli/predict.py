@@ -37,7 +37,7 @@ from hat_ignite.cli.common import (
 )
 
 from hat_ignite.cli.distributed import device_ids_of, parse_device_ids
-from hat_ignite.cli.stages import check_stage_inputs, record_lineage, save_stage_model
+from hat_ignite.cli.stages import check_stage_inputs, clear_interrupted_model_write, record_lineage, save_stage_model
 from hat_ignite.config import Config
 from hat_ignite.errors import CheckpointError
 
@@ -121,6 +121,7 @@ def _predict(argv: Sequence[str]) -> int:
     work_dir.create(lock_command=command_line("hat-predict", argv))
     attach_log_file(work_dir.file(f"{args.stage}_predict.log"))
     dump_config(cfg, work_dir.file(f"{args.stage}_predict_config.py"))
+    clear_interrupted_model_write(cfg, args.stage)
     start = time.perf_counter()
     try:
         predictor.fit()

@@ -23,7 +23,10 @@ from typing import Any
 from hat_ignite.cli.common import CliError, write_metrics
 from hat_ignite.config import Config
 
-__all__ = ["LINEAGE_FILE", "stage_inputs", "producer", "check_stage_inputs", "save_stage_model", "record_lineage"]
+__all__ = [
+    "LINEAGE_FILE", "stage_inputs", "producer", "check_stage_inputs", "clear_interrupted_model_write",
+    "save_stage_model", "record_lineage",
+]
 
 logger = logging.getLogger("hat_ignite.cli.stages")
 
@@ -89,6 +92,20 @@ def check_stage_inputs(cfg: Config, stage: str, stage_key: str, config_path: str
             )
         raise CliError(f"stage {stage!r} ({stage_key}) needs {path}, which does not exist. {how}")
     return inputs
+
+
+def clear_interrupted_model_write(cfg: Config, stage: str) -> list[str]:
+    """Remove what a killed earlier write of ``{stage}_model`` left beside it (logged); return it.
+
+    Called once the run holds the work dir, before the stage runs, so a run that fails later
+    still clears the stale files.
+    """
+    path = cfg.get(f"{stage}_model")
+    if not isinstance(path, str) or not path:
+        return []
+    from hat_ignite.pt2 import remove_stale_temp_files
+
+    return remove_stale_temp_files(path)
 
 
 def save_stage_model(cfg: Config, stage: str, engine: Any) -> str | None:

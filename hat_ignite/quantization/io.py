@@ -1,22 +1,22 @@
 """Saving and loading int8 models as ``torch.export`` programs, and measuring them.
 
 An int8 model is saved whole, in eval mode, with :func:`torch.export.save` (a ``.pt2`` archive:
-graph, int8 weights and quantization parameters, no pickled Python objects), written crash-safely
-next to the destination and renamed into place. :func:`load_quantized_model` gives back a module
-that computes the same outputs, in a fresh process, without the model's Python code.
+graph, int8 weights and quantization parameters, no pickled Python objects, and the content hash
+hat-ignite records in it), written crash-safely next to the destination and renamed into place
+(:mod:`hat_ignite.pt2`). :func:`load_quantized_model` checks the file (nothing pickled, no code,
+content as recorded) and gives back a module that computes the same outputs, in a fresh process,
+without the model's Python code.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 from typing import Any, Union
 
 import torch
 from torch import nn
 
-from hat_ignite.errors import CheckpointError
 from hat_ignite.quantization.capture import export_module, model_args
 from hat_ignite.quantization.torchao_import import import_torchao
 from hat_ignite.regular_files import open_regular
@@ -57,13 +57,6 @@ def tensor_bytes(model: nn.Module) -> int:
     return sum(seen.values())
 
 
-def _umask() -> int:
-    """The process's file-creation mask (read by setting it and putting it back)."""
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
 def save_quantized_model(model: nn.Module, path: PathLike, example_inputs: Any) -> str:
     """Export ``model`` in eval mode on ``example_inputs`` and save the program to ``path``.
 
@@ -77,11 +70,9 @@ def save_quantized_model(model: nn.Module, path: PathLike, example_inputs: Any) 
 
     Raises:
         QuantizationError: the model cannot be exported (names the module and the op).
-        CheckpointError: the file cannot be written.
+        CheckpointError: the file cannot be written (or the program holds what
+            :func:`load_quantized_model` refuses, such as a pickled tensor subclass).
     """
-    path = os.path.abspath(os.fspath(path))
-    directory = os.path.dirname(path)
-    os.makedirs(directory, exist_ok=True)
     modes = {m: m.training for m in model.modules()}
     model.eval()
     try:
@@ -89,46 +80,34 @@ def save_quantized_model(model: nn.Module, path: PathLike, example_inputs: Any) 
     finally:
         for m, training in modes.items():
             m.training = training
-    from hat_ignite.callbacks.checkpoint_io import atomic_link
+    from hat_ignite.pt2 import save_program
 
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp.pt2", dir=directory)
-    os.close(fd)
-    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it private; the model file is like the others
-    try:
-        torch.export.save(program, tmp)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        atomic_link(tmp, path)
-    except OSError as exc:
-        raise CheckpointError(f"Could not write the int8 model {path}: {exc}. Check free space and permissions.") from exc
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-    return path
+    return save_program(program, path)
 
 
-def load_quantized_model(path: PathLike) -> nn.Module:
+def load_quantized_model(path: PathLike, sha256: Union[str, None] = None) -> nn.Module:
     """Load a model saved by :func:`save_quantized_model`; ``eval()`` / ``train()`` work on it.
 
+    The file is checked before anything in it is deserialized (:func:`hat_ignite.pt2.load_program`):
+    an archive holding a pickled entry, native code or a code string torch would evaluate is
+    refused naming the entry, and the content must match the hash recorded inside the file
+    when it was written. A ``.pt2`` written elsewhere records none: it loads with a warning,
+    or is checked against ``sha256`` when given.
+
+    Args:
+        path: the ``.pt2`` file.
+        sha256: the expected SHA-256 (hex) of the whole file (e.g. ``lineage.json``'s), optional.
+
     Raises:
-        CheckpointError: the file is missing or is not a saved program; names the path.
+        CheckpointError: the file is missing, is not a saved program, holds something that
+            would run code, or does not match its hash; names the path.
     """
-    path = os.path.abspath(os.fspath(path))
-    if not os.path.isfile(path):
-        raise CheckpointError(
-            f"int8 model {path} does not exist. It is written by the int_infer stage "
-            f"(hat-predict CONFIG --stage int_infer) or by save_quantized_model()."
-        )
+    from hat_ignite.pt2 import load_program
+
     import_torchao()  # registers the quantize/dequantize ops
     from torchao.quantization.pt2e import allow_exported_model_train_eval
 
-    try:
-        program = torch.export.load(path)
-    except Exception as exc:  # torch raises many types for bad archives
-        raise CheckpointError(
-            f"Cannot load the int8 model {path}: {type(exc).__name__}: {str(exc).strip()[:300]}. It is "
-            f"not a complete torch.export archive; write it again with save_quantized_model()."
-        ) from exc
+    program = load_program(path, sha256=sha256)
     module = program.module()
     allow_exported_model_train_eval(module)
     module.eval()
