@@ -29,7 +29,7 @@ from hat_ignite.errors import CheckpointError
 if TYPE_CHECKING:  # pragma: no cover
     from hat_ignite.engine.loop import LoopBase
 
-__all__ = ["load_model_weights", "restore_training_state", "resume_from", "LoadCheckpoint"]
+__all__ = ["load_model_weights", "restore_training_state", "resume_from", "check_world_size", "LoadCheckpoint"]
 
 logger = logging.getLogger(__name__)
 
@@ -244,7 +244,7 @@ def _restore_optimizer(
     return changed
 
 
-def _check_world_size(progress: Mapping[str, Any], path: str) -> None:
+def check_world_size(progress: Mapping[str, Any], path: str) -> None:
     """Refuse to continue a run with another number of processes than the one that saved it.
 
     Each process's share of an epoch, the steps per epoch and the global batch depend on the
@@ -273,7 +273,7 @@ def _restore_progress(
         return
     progress = ckpt.get("progress")
     if isinstance(progress, Mapping):
-        _check_world_size(progress, path)
+        check_world_size(progress, path)
         iteration = int(progress["iteration"])
         saved_length = progress.get("epoch_length")
         try:
