@@ -275,7 +275,7 @@ def test_resume_auto_skips_a_corrupt_newest_checkpoint_and_says_so(tmp_path, cap
     files = list_checkpoints(tmp_path, "float-")
     assert len(files) == 3
     _corrupt_in_place(files[-1])  # "last" is a hard link to it: both are now corrupt
-    with caplog.at_level(logging.WARNING, logger="hat_ignite.callbacks.checkpoint_files"):
+    with caplog.at_level(logging.WARNING, logger="hat_ignite.checkpoint.files"):
         path, checkpoint = latest_valid_checkpoint(tmp_path, "float-")
     assert path == files[1] and checkpoint["epoch"] == 1
     text = "\n".join(r.getMessage() for r in caplog.records)

@@ -21,7 +21,7 @@ Names: ``<name_prefix>deploy-checkpoint-last.pt`` (:data:`DEPLOY_FILE_FORMAT` ``
 the first 8 hex digits of its SHA-256 (``...-last-1a2b3c4d.pt``) is left beside it, as in HAT, so
 ``sha256sum`` checks a copied file, and hashed files of earlier runs with the same prefix are
 removed once the new one is written. Files are written
-crash-safely (:func:`~hat_ignite.callbacks.checkpoint_io.atomic_write`).
+crash-safely (:func:`~hat_ignite.checkpoint.atomic.atomic_write`).
 
 Output annotations: HAT checks that every output tensor of the traced model carries a deploy
 annotation. Here an output's annotation is its name: the key of a dict output (or the field of a
@@ -49,8 +49,8 @@ import ignite.distributed as idist
 import torch
 
 from hat_ignite.callbacks.base import CallbackMixin
-from hat_ignite.callbacks.checkpoint_io import atomic_write
-from hat_ignite.callbacks.checkpoint_payload import unwrap_model
+from hat_ignite.checkpoint.atomic import atomic_write
+from hat_ignite.checkpoint.payload import unwrap_model
 from hat_ignite.engine.compile import remove_compiled_forward
 
 __all__ = ["SaveTraced", "output_names", "OUTPUT_NAMES_FILE", "DEPLOY_FILE_FORMAT"]

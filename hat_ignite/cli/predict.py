@@ -5,7 +5,7 @@ writes the metrics to ``metrics.json`` in the work dir under the key ``{stage}_p
 to the ``{stage}_train`` entry ``hat-train`` wrote). The weights come from ``--ckpt``, else from
 the config's ``{stage}_checkpoint`` key; with neither, the model runs with the weights the config
 builds (a warning says so). Checkpoints are loaded with
-:class:`hat_ignite.callbacks.checkpoint_state.LoadCheckpoint`: weights-only, hash-verified, and
+:class:`hat_ignite.checkpoint.restore.LoadCheckpoint`: weights-only, hash-verified, and
 the weights must fit the model exactly. HAT's ``tools/predict.py`` spelling
 (``-c CONFIG -s STAGE --ckpt PATH --opts KEY VALUE ...``) works too.
 """
@@ -95,7 +95,7 @@ def _predict(argv: Sequence[str]) -> int:
     try:
         predictor = build_stage(cfg, stage_key)
         if ckpt is not None:
-            from hat_ignite.callbacks.checkpoint_state import LoadCheckpoint
+            from hat_ignite.checkpoint.restore import LoadCheckpoint
 
             try:
                 LoadCheckpoint(ckpt, allow_miss=args.ckpt_allow_miss, ignore_extra=args.ckpt_ignore_extra)(

@@ -106,7 +106,7 @@ class _Resume:
         self.checkpoint = checkpoint
 
     def resume(self, loop: Any) -> dict[str, list[str]]:
-        from hat_ignite.callbacks.checkpoint_state import restore_training_state
+        from hat_ignite.checkpoint.restore import restore_training_state
 
         return restore_training_state(loop, self.checkpoint, self.path)
 
@@ -120,8 +120,8 @@ def find_resume(trainer: Any, resume: str, work_path: str) -> tuple[str, Mapping
     Raises:
         CheckpointError: the named file, or every candidate of ``auto``, is unreadable or corrupt.
     """
-    from hat_ignite.callbacks.checkpoint_files import latest_valid_checkpoint
-    from hat_ignite.callbacks.checkpoint_io import load_checkpoint
+    from hat_ignite.checkpoint.files import latest_valid_checkpoint
+    from hat_ignite.checkpoint.loading import load_checkpoint
 
     if resume != "auto":
         path = os.path.abspath(resume)
@@ -144,7 +144,7 @@ def finished_run(trainer: Any, checkpoint: Mapping[str, Any], stage_cfg: Mapping
     records that end for the stage (written after the last step, not after a stop on a signal).
     A longer schedule given on the command line (``--opts float_trainer.num_epochs=30``) is not
     finished and resumes as usual; a shorter one, or another batch size, is refused by the resume
-    (:mod:`hat_ignite.callbacks.checkpoint_progress`).
+    (:mod:`hat_ignite.checkpoint.progress`).
     """
     if stage_cfg.get("resume_epoch_or_step", True) is False:
         return None

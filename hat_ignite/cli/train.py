@@ -170,7 +170,7 @@ def _agreed_resume(trainer: Any, resume: str, stage_cfg: Any, work_path: str) ->
     """
     import os
 
-    from hat_ignite.callbacks.checkpoint_state import check_world_size
+    from hat_ignite.checkpoint.restore import check_world_size
     from hat_ignite.cli.resume_agreement import agree_on_resume
 
     found, error = None, None

@@ -183,7 +183,7 @@ def _check_sample_inputs(path: str, data: Optional[bytes]) -> None:
     try:
         torch.load(io.BytesIO(data), weights_only=True)
     except Exception as exc:  # torch raises many types; any failure makes torch unpickle freely
-        from hat_ignite.callbacks.checkpoint_io import refused_global
+        from hat_ignite.checkpoint.loading import refused_global
 
         refused = refused_global(exc)
         what = f"the global {refused}" if refused else f"{type(exc).__name__}"

@@ -126,7 +126,7 @@ def save_program(program: torch.export.ExportedProgram, path: PathLike) -> str:
         CheckpointError: the program cannot be saved in a loadable form, or the file cannot
             be written; names the path.
     """
-    from hat_ignite.callbacks.checkpoint_io import atomic_write
+    from hat_ignite.checkpoint.atomic import atomic_write
 
     path = os.path.abspath(os.fspath(path))
     os.makedirs(os.path.dirname(path), exist_ok=True)
