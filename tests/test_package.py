@@ -44,7 +44,7 @@ def test_engine_import_does_not_pull_callbacks():
     assert out.stdout.strip() == "False"
 
 
-LAZY_PACKAGES = ["callbacks", "engine", "metrics", "models", "data", "quantization", "pt2"]
+LAZY_PACKAGES = ["callbacks", "engine", "metrics", "models", "data", "quantization", "pt2", "checkpoint"]
 
 
 def _type_checking_imports(package: str) -> dict[str, list[str]]:
