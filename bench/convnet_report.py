@@ -72,7 +72,7 @@ def measure(work_dir: str, rounds: int, stage_seconds: dict[str, float]) -> str:
 
     torch.set_num_threads(1)
     sys.path.insert(0, ROOT)
-    from hat_ignite.callbacks.checkpoint_state import LoadCheckpoint
+    from hat_ignite.checkpoint.restore import LoadCheckpoint
     from hat_ignite.config import Config
     from hat_ignite.data import DigitsImageDataset
     from hat_ignite.quantization import load_quantized_model, save_quantized_model, tensor_bytes

@@ -50,7 +50,7 @@ def measure(work_dir: str) -> str:
     import torch
 
     sys.path.insert(0, ROOT)
-    from hat_ignite.callbacks.checkpoint_state import LoadCheckpoint
+    from hat_ignite.checkpoint.restore import LoadCheckpoint
     from hat_ignite.config import Config
     from hat_ignite.data import DigitsDataset
     from hat_ignite.quantization import load_quantized_model, save_quantized_model, tensor_bytes

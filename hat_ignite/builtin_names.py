@@ -25,7 +25,7 @@ BUILTIN_OBJECTS: dict[str, str] = {
     # callbacks
     "CallbackMixin": "hat_ignite.callbacks.base:CallbackMixin",
     "Checkpoint": "hat_ignite.callbacks.checkpoint:Checkpoint",
-    "LoadCheckpoint": "hat_ignite.callbacks.checkpoint_state:LoadCheckpoint",
+    "LoadCheckpoint": "hat_ignite.checkpoint.restore:LoadCheckpoint",
     "StatsMonitor": "hat_ignite.callbacks.stats_monitor:StatsMonitor",
     "MetricUpdater": "hat_ignite.callbacks.metric_updater:MetricUpdater",
     "StepDecayLrUpdater": "hat_ignite.callbacks.lr_updater:StepDecayLrUpdater",

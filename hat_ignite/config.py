@@ -34,6 +34,7 @@ import types
 from collections.abc import Mapping
 from typing import Any, Iterator, Sequence
 
+from hat_ignite.config_cycles import cycle_message, self_reference
 from hat_ignite.config_opts import literal, parse_items, parse_opts, path_exists, set_path, split_key
 from hat_ignite.errors import ConfigError
 
@@ -130,8 +131,9 @@ class Config(Mapping):
         import those modules too, as a module on ``PYTHONPATH`` would be.
 
         Raises:
-            ConfigError: the file is missing or not ``.py``, has a syntax error (with the line),
-                or raises while it runs (with the line).
+            ConfigError: the file is missing or not ``.py``, has a syntax error (with the line
+                and column), raises while it runs (with the line), or makes a value that contains
+                itself (with both key paths).
         """
         path = os.path.abspath(os.fspath(path))
         if not os.path.isfile(path):
@@ -144,6 +146,13 @@ class Config(Mapping):
                 source = f.read()
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"config file {path} cannot be read as UTF-8 text: {exc}.") from None
+        nul = source.find("\0")
+        if nul >= 0:  # compile() says so without a line
+            row, column = source.count("\n", 0, nul) + 1, nul - source.rfind("\n", 0, nul)
+            raise ConfigError(
+                f"{path}:{row}:{column}: the file holds a NUL byte (\\x00), which Python source cannot contain "
+                f"(a binary or damaged file, or a bad copy). Remove it and run again."
+            )
         try:
             code = compile(source, path, "exec")
         except (ValueError, MemoryError, RecursionError) as exc:  # e.g. a null byte, absurd nesting
@@ -153,9 +162,8 @@ class Config(Mapping):
             shown = line.lstrip()
             column = max((exc.offset or 1) - 1 - (len(line) - len(shown)), 0)
             caret = f"\n    {shown}\n    {' ' * column}^" if shown else ""
-            raise ConfigError(
-                f"{path}:{exc.lineno}: syntax error: {exc.msg}.{caret}\nFix that line and run again."
-            ) from None
+            where = f"{path}:{exc.lineno}" if exc.lineno else path
+            raise ConfigError(f"{where}: syntax error: {exc.msg}.{caret}\nFix that line and run again.") from None
         stem = re.sub(r"\W", "_", os.path.splitext(os.path.basename(path))[0])
         config_dir = os.path.dirname(path)
         package, roots = _config_package(config_dir)
@@ -183,6 +191,9 @@ class Config(Mapping):
         data = {
             k: v for k, v in namespace.items() if not k.startswith("_") and not isinstance(v, types.ModuleType)
         }
+        found = self_reference(data)
+        if found:  # before anything walks it: each walk would end in a RecursionError
+            raise ConfigError(f"{path}: {cycle_message(found)}")
         return cls(data, filename=path)
 
     # -- mapping ---------------------------------------------------------------------------

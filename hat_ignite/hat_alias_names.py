@@ -42,7 +42,7 @@ _CALLBACK_MODULES: dict[str, dict[str, str]] = {
     "hat.callbacks.callbacks": {"CallbackMixin": "hat_ignite.callbacks.base:CallbackMixin"},
     "hat.callbacks.checkpoint": {
         "Checkpoint": "hat_ignite.callbacks.checkpoint:Checkpoint",
-        "LoadCheckpoint": "hat_ignite.callbacks.checkpoint_state:LoadCheckpoint",
+        "LoadCheckpoint": "hat_ignite.checkpoint.restore:LoadCheckpoint",
     },
     "hat.callbacks.lr_updater": _LR_UPDATERS,
     "hat.callbacks.metric_updater": {
@@ -98,7 +98,7 @@ _CONVERTERS = {
     "ModelConvertPipeline": "hat_ignite.quantization.pipeline:ModelConvertPipeline",
     "TorchCompile": "hat_ignite.engine.compile:TorchCompile",
     "Torch2Compile": "hat_ignite.engine.compile:Torch2Compile",
-    "LoadCheckpoint": "hat_ignite.callbacks.checkpoint_state:LoadCheckpoint",
+    "LoadCheckpoint": "hat_ignite.checkpoint.restore:LoadCheckpoint",
     **{
         name: f"hat_ignite.quantization.converters:{name}"
         for name in ("Float2Calibration", "Float2QAT", "Calibration2QAT", "QAT2Quantize", "Calibration2Quantize")

@@ -224,10 +224,11 @@ def _verified_checkpoint(path: str) -> bool:
 
     hat-ignite names its checkpoints after the hash of what they hold (the same bytes for the
     same state, whatever the zip container), not after the file's SHA-256;
-    :func:`~hat_ignite.callbacks.checkpoint_io.load_checkpoint` recomputes that hash and checks
+    :func:`~hat_ignite.checkpoint.loading.load_checkpoint` recomputes that hash and checks
     it against the name.
     """
-    from hat_ignite.callbacks.checkpoint_io import HASH_KEY, load_checkpoint
+    from hat_ignite.checkpoint.hashing import HASH_KEY
+    from hat_ignite.checkpoint.loading import load_checkpoint
     from hat_ignite.errors import CheckpointError
 
     try:

@@ -429,7 +429,8 @@ def build_from_cfg(
     Raises:
         ConfigError: an unknown ``type`` (with the closest registered names), arguments that do
             not fit the constructor (with the closest argument name, or else its signature), or
-            a constructor that rejects a value.
+            a constructor that rejects a value, or a value that contains itself (names both key
+            paths).
 
     Example:
         >>> sched = build_from_cfg({"type": "datetime.timedelta", "minutes": 2})
@@ -440,4 +441,12 @@ def build_from_cfg(
         ...
         hat_ignite.errors.ConfigError: type: unknown type 'Trainr': ... Did you mean 'Trainer'? ...
     """
+    if isinstance(cfg, (Mapping, list, tuple)):
+        from hat_ignite.config_cycles import cycle_message, self_reference
+
+        found = self_reference({key_path or "<cfg>": cfg})
+        if found:  # the message names both key paths itself
+            exc = config_error("", cycle_message(found))
+            exc.key_path = found[0]
+            raise exc
     return (registry or OBJECT_REGISTRY).build(cfg, key_path, default_args)

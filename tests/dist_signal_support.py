@@ -165,3 +165,46 @@ def group_members(pgid: int) -> list[int]:
         if int(fields[2]) == pgid and fields[0] != "Z":
             members.append(int(p.name))
     return members
+
+
+def start_nodes(config: pathlib.Path, work_dirs: tuple[pathlib.Path, pathlib.Path], launcher: str, *args: str,
+                env: tuple[dict[str, str], dict[str, str]] = ({}, {})) -> list[subprocess.Popen]:
+    """Start a 2-node job on this machine: node 0 and node 1, one process each, each with its own
+    command and work dir, as on two machines, with one torch thread each as the ``--nproc 2`` job has
+    here (so the two jobs compute bitwise alike); ``launcher`` is ``"plain"`` (``hat-train --nnodes 2
+    --node-rank R --master-addr 127.0.0.1``) or ``"torchrun"`` (the same under ``torchrun --nnodes 2``)."""
+    from hat_ignite.engine.launcher import free_port
+
+    port = str(free_port())
+    nodes = []
+    for rank, (work_dir, extra) in enumerate(zip(work_dirs, env)):
+        train = [str(ROOT / "bin" / "hat-train"), str(config), "--work-dir", str(work_dir), "--dist-timeout", "30", *args]
+        if launcher == "plain":
+            command = [sys.executable, *train, "--nnodes", "2", "--node-rank", str(rank), "--master-addr", "127.0.0.1",
+                       "--master-port", port]
+        else:
+            command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(rank),
+                       "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", port, *train]
+        env_of_node = job_env(extra)
+        env_of_node["OMP_NUM_THREADS"] = "1"  # the torch threads of a 2-process job on this 2-core machine
+        nodes.append(subprocess.Popen(command, cwd=config.parent, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                      text=True, env=env_of_node, start_new_session=True))
+    return nodes
+
+
+def wait_nodes(nodes: list[subprocess.Popen], timeout: float = 120) -> list[subprocess.CompletedProcess]:
+    """Wait for every node; a node still running after ``timeout`` seconds is a hang (killed, and
+    the assertion says so)."""
+    deadline = time.monotonic() + timeout
+    results = []
+    try:
+        for node in nodes:
+            try:
+                _, err = node.communicate(timeout=max(deadline - time.monotonic(), 1))
+            except subprocess.TimeoutExpired:
+                raise AssertionError(f"node {nodes.index(node)} did not end within {timeout} s (a hang)") from None
+            results.append(subprocess.CompletedProcess(node.args, node.returncode, "", err))
+    finally:
+        for node in nodes:
+            kill_group(node)
+    return results

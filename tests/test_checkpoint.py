@@ -395,7 +395,7 @@ def test_resume_with_optimizer_and_progress_off_restores_the_weights_only_and_sa
     first = make_trainer([Checkpoint(tmp_path)], num_epochs=2)
     first.fit()
     second = make_trainer([], seed=5, num_epochs=1)  # resume_optimizer / resume_epoch_or_step: False
-    with caplog.at_level("INFO", logger="hat_ignite.callbacks.checkpoint_state"):
+    with caplog.at_level("INFO", logger="hat_ignite.checkpoint.restore"):
         report = resume_from(second, tmp_path / "checkpoint-last.pth.tar")
     assert report == {"restored": ["model"], "skipped": [
         "optimizer and grad_scaler (resume_optimizer=False)",

@@ -9,6 +9,7 @@ import torch
 
 from conftest import DIGITS_CONFIG, run_tool
 
+STALE = [".int_infer-model.pt2.1a2b3c4d.tmp", ".int_infer-model.pt2.k3j_x9q2.tmp.pt2"]
 FLOAT_OPTS = ["float_trainer.num_epochs=8", "float_trainer.callbacks[1].lr_decay_id=[5,7]"]
 
 
@@ -21,16 +22,19 @@ def chain(tmp_path_factory):
         ("hat-train", "qat", []), ("hat-predict", "int_infer", []),
     ):
         extra = ["--opts", *opts] if opts else []
+        if stage == "int_infer":  # what a kill during an earlier export left (this and older releases' names)
+            for name in STALE:
+                (work / "checkpoints" / name).write_bytes(b"PK\x03\x04 half an archive")
         out = run_tool(tool, DIGITS_CONFIG, "--stage", stage, "--work-dir", work, *extra, cwd=work.parent, timeout=300)
         assert out.returncode == 0, f"{stage}: {out.stderr[-3000:]}"
         runs[stage] = out
     metrics = json.loads((work / "metrics.json").read_text())
     lineage = json.loads((work / "lineage.json").read_text())
-    return work, metrics, lineage
+    return work, metrics, lineage, runs
 
 
 def test_int8_stages_keep_the_float_accuracy(chain):
-    _, metrics, _ = chain
+    _, metrics, _, _ = chain
     float_acc = metrics["float_train"]["best"]["value"]
     calibration_acc = metrics["calibration_train"]["val_metrics"]["accuracy"]
     qat_acc = metrics["qat_train"]["best"]["value"]
@@ -42,7 +46,7 @@ def test_int8_stages_keep_the_float_accuracy(chain):
 
 
 def test_each_stage_records_its_lineage(chain):
-    work, _, lineage = chain
+    work, _, lineage, _ = chain
     assert list(lineage) == ["calibration", "float", "int_infer", "qat"]
     for prev, stage in (("float", "calibration"), ("calibration", "qat"), ("qat", "int_infer")):
         assert lineage[stage]["inputs"] == lineage[prev]["outputs"], stage  # path and sha256 of the file
@@ -54,13 +58,21 @@ def test_saved_int8_model_reloads_with_the_reported_accuracy(chain):
     from hat_ignite.data import DigitsDataset
     from hat_ignite.quantization import load_quantized_model
 
-    work, metrics, _ = chain
+    work, metrics, _, _ = chain
     model = load_quantized_model(work / "checkpoints" / "int_infer-model.pt2")
     data = DigitsDataset(split="val")
     batch = torch.utils.data.default_collate([data[i] for i in range(len(data))])
     with torch.no_grad():
         acc = (model(batch).argmax(1) == batch["labels"]).float().mean().item()
     assert acc == pytest.approx(metrics["int_infer_predict"]["metrics"]["accuracy"], abs=1e-6)
+
+
+def test_the_next_export_removes_what_a_killed_export_left(chain):
+    work, _, _, runs = chain
+    left = sorted(p.name for p in (work / "checkpoints").iterdir() if p.name.startswith("."))
+    assert left == []
+    assert f"Removed 2 temporary file(s) of an interrupted write of {work / 'checkpoints' / 'int_infer-model.pt2'}: " \
+           f"{', '.join(sorted(STALE))}" in runs["int_infer"].stderr
 
 
 def test_a_stage_whose_input_is_missing_fails_fast(tmp_path):

@@ -117,6 +117,34 @@ def test_syntax_error_names_file_and_line(write_config):
     assert "Fix that line" in message
 
 
+def test_a_nul_byte_names_its_line_and_column(write_config):
+    path = write_config("a = 1\nb = 'x\0y'\n")
+    with pytest.raises(ConfigError) as info:
+        Config.fromfile(path)
+    assert str(info.value).startswith(f"{path}:2:7: the file holds a NUL byte (\\x00)"), str(info.value)
+    assert ":None" not in str(info.value)
+
+
+def test_a_config_value_that_contains_itself_names_both_key_paths(write_config):
+    """Every walk over such a value (the stage inputs, the build, the dump) would recurse until a
+    RecursionError; the config is refused as it is read, naming where it refers back."""
+    path = write_config(SOURCE + "float_trainer['callbacks'][1]['me'] = float_trainer\n")
+    with pytest.raises(ConfigError) as info:
+        Config.fromfile(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: float_trainer.callbacks[1].me refers back to float_trainer, which contains it"), \
+        message
+    assert "Give a copy there (e.g. dict(float_trainer)" in message
+    shared = Config.fromfile(write_config(SOURCE))  # a dict used in two places is no cycle
+    assert shared["float_trainer"]["model"] is shared["float_predictor"]["model"]
+    from hat_ignite.registry import build_from_cfg
+
+    looped = {"type": "datetime.timedelta", "minutes": []}
+    looped["minutes"].append(looped)
+    with pytest.raises(ConfigError, match=r"^delay.minutes\[0\] refers back to delay, which contains it"):
+        build_from_cfg(looped, key_path="delay")
+
+
 def test_error_raised_while_the_config_runs_names_file_and_line(write_config):
     path = write_config("a = 1\nb = undefined_name + 1\n")
     with pytest.raises(ConfigError, match=rf"{path}:2: running the config raised NameError: name 'undefined_name'"):

@@ -12,7 +12,9 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -28,7 +30,9 @@ from dist_signal_support import (
     read_until,
     run_job,
     start_job,
+    start_nodes,
     survivors,
+    wait_nodes,
     write_dist_config,
 )
 from resume_support import ROOT, differences, load
@@ -168,14 +172,70 @@ def test_a_sigkilled_job_resumed_on_2_processes_is_bitwise_equal(tmp_path, strai
 def test_resuming_with_another_number_of_processes_is_refused(tmp_path, straight_2proc):
     from hat_ignite.callbacks.checkpoint_files import scan_checkpoints
 
-    steps = {n: p for kind, n, p in scan_checkpoints(straight_2proc / "checkpoints", "") if kind == "step"}
-    saved = steps[3]
+    work_dir = tmp_path / "wd"
+    shutil.copytree(straight_2proc, work_dir)
     config = write_dist_config(tmp_path)
+    steps = {n: p for kind, n, p in scan_checkpoints(work_dir / "checkpoints", "") if kind == "step"}
+    saved = steps[3]
+    before = _file_hashes(work_dir)
     one = subprocess.run(
-        [sys.executable, str(ROOT / "bin" / "hat-train"), str(config), "--work-dir", str(tmp_path / "wd"),
+        [sys.executable, str(ROOT / "bin" / "hat-train"), str(config), "--work-dir", str(work_dir),
          "--resume", str(saved)],
         cwd=tmp_path, capture_output=True, text=True, timeout=120,
     )
     assert one.returncode == 1, one.stderr[-3000:]
     assert (f"Checkpoint {saved} was written by a run of 2 training process(es), but this run has 1" in one.stderr
             and "Resume it with 2 processes (hat-train ... --nproc 2)" in one.stderr), one.stderr[-3000:]
+    # refused before the work dir is touched: the resolved config still matches the checkpoints
+    assert _file_hashes(work_dir) == before
+
+
+# -- several nodes: a killed node, own work dirs and a shared one, plain and under torchrun ---------------------
+def _file_hashes(work_dir) -> dict[str, str]:
+    import hashlib
+
+    return {str(p.relative_to(work_dir)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(work_dir.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def killed_node(tmp_path_factory):
+    """A 2-node job under torchrun (one process per node, the same work dir) whose node 1 is
+    SIGKILLed at global step 4: both nodes end, with no hang."""
+    tmp = tmp_path_factory.mktemp("nodes")
+    config = write_dist_config(tmp)
+    shared = tmp / "shared"
+    ranks = {"RANKS_DIR": str(tmp / "ranks")}
+    started = time.monotonic()
+    ends = wait_nodes(start_nodes(config, (shared, shared), "torchrun",
+                                  env=(ranks, dict(ranks, KILL_AT="step:4", KILL_MARKERS=str(tmp)))))
+    assert all(end.returncode != 0 for end in ends), [end.stderr[-2000:] for end in ends]
+    assert time.monotonic() - started < 90
+    return tmp, config, shared
+
+
+@pytest.mark.parametrize("launcher", ["plain", "torchrun"])
+def test_a_node_whose_work_dir_lacks_the_checkpoint_refuses_the_resume_on_every_node(killed_node, launcher):
+    tmp, config, shared = killed_node
+    before = _file_hashes(shared)
+    own = tmp / f"node1-{launcher}"  # node 1's own work dir (its local disk): rank 0 never wrote there
+    ends = wait_nodes(start_nodes(config, (shared, own), launcher, "--resume", "auto"), timeout=90)
+    resumed_from = re.search(r"Rank 0 \(node 0, host \S+\) would resume from (\S+), (\d+) steps done", ends[0].stderr)
+    assert resumed_from, ends[0].stderr[-3000:]
+    for node, end in enumerate(ends):
+        assert end.returncode == 1, (node, end.stderr[-3000:])
+        assert "would not resume from the same checkpoint, so none starts" in end.stderr, (node, end.stderr[-3000:])
+        assert f"node 1 (host {socket.gethostname()}, rank 1) found no checkpoint in {own / 'checkpoints'}" in end.stderr
+        assert (f"same work dir on a file system they all mount at the same path, or copy {resumed_from.group(1)} to "
+                f"the same path on node 1 (host {socket.gethostname()})") in end.stderr
+    assert _file_hashes(shared) == before and not own.exists()  # nothing written, the config dump included
+
+
+def test_a_killed_node_resumed_on_a_shared_work_dir_is_bitwise_equal(killed_node, straight_2proc):
+    _, config, shared = killed_node
+    ends = wait_nodes(start_nodes(config, (shared, shared), "plain", "--resume", "auto"))
+    assert [end.returncode for end in ends] == [0, 0], [end.stderr[-3000:] for end in ends]
+    assert "Resuming inside epoch" in ends[0].stderr
+    final, straight = _final(shared), _final(straight_2proc)
+    assert final["progress"]["iteration"] == DIST_STEPS
+    assert differences(straight, final, RUN_SPECIFIC) == []

@@ -111,7 +111,7 @@ def test_ignore_tensor_shape_loads_the_backbone_and_keeps_the_new_head(tmp_path,
     head_before = {k: v.clone() for k, v in model.head.state_dict().items()}
     with pytest.raises(CheckpointError, match=r"2 shape mismatch.*head\.weight.*ignore_tensor_shape=True"):
         LoadCheckpoint(path)(DigitNet(num_classes=3))
-    with caplog.at_level(logging.WARNING, logger="hat_ignite.callbacks.checkpoint_state"):
+    with caplog.at_level(logging.WARNING, logger="hat_ignite.checkpoint.restore"):
         LoadCheckpoint(path, ignore_tensor_shape=True)(model)
     assert torch.equal(model.backbone[0].weight, source["backbone.0.weight"])
     assert torch.equal(model.backbone[0].bias, source["backbone.0.bias"])

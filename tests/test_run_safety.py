@@ -157,6 +157,8 @@ def test_an_adam_checkpoint_resumed_into_the_sgd_config_is_refused_before_any_st
     # the end-of-training checkpoint of 23 steps (global steps 0-22) is named by its last step
     assert "(saved after global step 22, 23 steps done)" in sgd.stderr
     assert not list((tmp_path / "sgd").glob("checkpoints/*.pth.tar"))
+    # the resolved config is written once training starts: a refused resume leaves none behind
+    assert not (tmp_path / "sgd" / "float_train_config.py").exists()
 
 
 def _optimizer(kind, **options):

@@ -13,7 +13,7 @@ from hat_ignite.lazy import lazy_attributes
 _EXPORTS = {
     "hat_ignite.callbacks.base": ["CallbackMixin"],
     "hat_ignite.callbacks.checkpoint": ["Checkpoint", "list_checkpoints"],
-    "hat_ignite.callbacks.checkpoint_state": [
+    "hat_ignite.checkpoint.restore": [
         "LoadCheckpoint", "load_model_weights", "restore_training_state", "resume_from",
     ],
     "hat_ignite.callbacks.dump_data": ["DumpData"],
@@ -80,7 +80,7 @@ __getattr__, __dir__ = lazy_attributes(__name__, _EXPORTS)
 if TYPE_CHECKING:  # what type checkers and IDEs see
     from hat_ignite.callbacks.base import CallbackMixin
     from hat_ignite.callbacks.checkpoint import Checkpoint, list_checkpoints
-    from hat_ignite.callbacks.checkpoint_state import LoadCheckpoint, load_model_weights, restore_training_state, resume_from
+    from hat_ignite.checkpoint.restore import LoadCheckpoint, load_model_weights, restore_training_state, resume_from
     from hat_ignite.callbacks.dump_data import DumpData
     from hat_ignite.callbacks.ema import ExponentialMovingAverage
     from hat_ignite.callbacks.freeze import FreezeBNStatistics, FreezeModule

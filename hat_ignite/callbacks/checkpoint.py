@@ -18,8 +18,8 @@ flight are read (``loop.settle_updates()``): an update the guard skipped on the 
 :class:`~hat_ignite.errors.NonFiniteLossError` naming its step, and nothing is written, so no
 checkpoint holds a step whose update was skipped. The periodic file records the best value and
 the step it was reached at; a run that resumes from it first brings ``last`` and ``best`` up to that record
-(:mod:`.checkpoint_reconcile`), so a kill between the writes never leaves them stale. What a checkpoint holds is listed in
-:mod:`.checkpoint_payload`; how it is verified on load in :mod:`.checkpoint_io`.
+(:mod:`~hat_ignite.checkpoint.reconcile`), so a kill between the writes never leaves them stale. What a checkpoint holds is listed in
+:mod:`~hat_ignite.checkpoint.payload`; how it is verified on load in :mod:`~hat_ignite.checkpoint.loading`.
 """
 
 from __future__ import annotations
@@ -33,17 +33,11 @@ import ignite.distributed as idist
 import torch
 
 from hat_ignite.callbacks.base import CallbackMixin
-from hat_ignite.callbacks.checkpoint_keywords import KeywordsLoop
 from hat_ignite.callbacks.checkpoint_best import BestMetricMixin
-from hat_ignite.callbacks.checkpoint_io import (
-    HASH_KEY,
-    PathLike,
-    atomic_link,
-    atomic_save,
-    is_temp_file,
-    with_content_hash,
-)
-from hat_ignite.callbacks.checkpoint_files import (
+from hat_ignite.callbacks.late_metrics import LateMetricsWatch
+from hat_ignite.checkpoint.atomic import PathLike, atomic_link, atomic_save, is_temp_file
+from hat_ignite.checkpoint.hashing import HASH_KEY, with_content_hash
+from hat_ignite.checkpoint.files import (
     NAME_HASH,
     checkpoint_number,
     latest_valid_checkpoint,
@@ -51,10 +45,10 @@ from hat_ignite.callbacks.checkpoint_files import (
     resume_marks,
     weights_finite,
 )
-from hat_ignite.callbacks.checkpoint_payload import training_state, unwrap_model
-from hat_ignite.callbacks.checkpoint_reconcile import reconcile
-from hat_ignite.callbacks.checkpoint_rotation import rotate
-from hat_ignite.callbacks.late_metrics import LateMetricsWatch
+from hat_ignite.checkpoint.keywords import KeywordsLoop
+from hat_ignite.checkpoint.payload import training_state, unwrap_model
+from hat_ignite.checkpoint.reconcile import reconcile
+from hat_ignite.checkpoint.rotation import rotate
 from hat_ignite.errors import CheckpointError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -241,7 +235,7 @@ class Checkpoint(BestMetricMixin, CallbackMixin):
         """Save every ``save_interval`` steps (``interval_by="step"``).
 
         Without ``loop`` (HAT's loop, a custom loop), the checkpoint is made from the keywords
-        given: ``model``, ``ema_model``, ``optimizer`` (see :class:`.checkpoint_keywords.KeywordsLoop`).
+        given: ``model``, ``ema_model``, ``optimizer`` (see :class:`~hat_ignite.checkpoint.keywords.KeywordsLoop`).
         """
         if self.interval_by == "step" and (global_step_id + 1) % self.save_interval == 0:
             source: Any = loop if loop is not None else KeywordsLoop(

@@ -55,7 +55,7 @@ import torch
 from torch import nn
 
 from hat_ignite.callbacks.base import CallbackMixin
-from hat_ignite.callbacks.checkpoint_payload import unwrap_model
+from hat_ignite.checkpoint.payload import unwrap_model
 from hat_ignite.errors import CheckpointError
 
 if TYPE_CHECKING:  # pragma: no cover

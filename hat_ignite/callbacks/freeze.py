@@ -30,7 +30,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from hat_ignite.callbacks.base import CallbackMixin
-from hat_ignite.callbacks.checkpoint_payload import unwrap_model
+from hat_ignite.checkpoint.payload import unwrap_model
 from hat_ignite.callbacks.module_schedule import ModuleScheduleBase, get_submodule
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -41,7 +41,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.conv import _ConvNd, _ConvTransposeNd
 from torch.nn.utils.fusion import fuse_conv_bn_weights, fuse_linear_bn_weights
 
-from hat_ignite.callbacks.checkpoint_payload import unwrap_model
+from hat_ignite.checkpoint.payload import unwrap_model
 from hat_ignite.callbacks.module_schedule import ModuleScheduleBase, get_submodule
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from torch import nn
 
 from hat_ignite.callbacks.base import CallbackMixin
-from hat_ignite.callbacks.checkpoint_payload import unwrap_model
+from hat_ignite.checkpoint.payload import unwrap_model
 
 if TYPE_CHECKING:  # pragma: no cover
     from hat_ignite.engine.loop import LoopBase

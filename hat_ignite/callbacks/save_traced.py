@@ -6,7 +6,9 @@ training model is not touched) is traced with :func:`torch.jit.trace` on ``trace
 saved as ``<save_dir>/<name_prefix>deploy-checkpoint-last.pt``; load it with
 ``torch.jit.load(path)``, without hat_ignite or the model's code. The same copy is also exported
 with :func:`torch.export.export` and saved with :func:`torch.export.save` as ``...-last.pt2``
-(load with ``torch.export.load(path).module()``); a model that does not export (data-dependent
+(load with ``hat_ignite.pt2.load_program(path).module()``, which checks that the file holds no
+pickled object or code and that its content is the one recorded inside it when it was written,
+or with ``torch.export.load(path).module()``); a model that does not export (data-dependent
 control flow the exporter cannot follow ...) gets a warning in the log naming the reason, and the
 traced file is still written.
 
@@ -19,7 +21,7 @@ Names: ``<name_prefix>deploy-checkpoint-last.pt`` (:data:`DEPLOY_FILE_FORMAT` ``
 the first 8 hex digits of its SHA-256 (``...-last-1a2b3c4d.pt``) is left beside it, as in HAT, so
 ``sha256sum`` checks a copied file, and hashed files of earlier runs with the same prefix are
 removed once the new one is written. Files are written
-crash-safely (:func:`~hat_ignite.callbacks.checkpoint_io.atomic_write`).
+crash-safely (:func:`~hat_ignite.checkpoint.atomic.atomic_write`).
 
 Output annotations: HAT checks that every output tensor of the traced model carries a deploy
 annotation. Here an output's annotation is its name: the key of a dict output (or the field of a
@@ -47,8 +49,8 @@ import ignite.distributed as idist
 import torch
 
 from hat_ignite.callbacks.base import CallbackMixin
-from hat_ignite.callbacks.checkpoint_io import atomic_write
-from hat_ignite.callbacks.checkpoint_payload import unwrap_model
+from hat_ignite.checkpoint.atomic import atomic_write
+from hat_ignite.checkpoint.payload import unwrap_model
 from hat_ignite.engine.compile import remove_compiled_forward
 
 __all__ = ["SaveTraced", "output_names", "OUTPUT_NAMES_FILE", "DEPLOY_FILE_FORMAT"]
@@ -230,10 +232,11 @@ class SaveTraced(CallbackMixin):
         return self.traced_path
 
     def _export(self, module: torch.nn.Module, args: tuple[Any, ...]) -> str | None:
+        from hat_ignite.pt2 import program_bytes
+
         try:
             program = torch.export.export(module, args)
-            buffer = io.BytesIO()
-            torch.export.save(program, buffer)
+            data = program_bytes(program)  # records its content hash, checked by hat_ignite.pt2.load_program
         except Exception as exc:  # the exporter fails in many ways; the traced file is what HAT gives
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             logger.warning(
@@ -241,7 +244,7 @@ class SaveTraced(CallbackMixin):
                 type(module).__name__, type(exc).__name__, first,
             )
             return None
-        path = self._write(buffer.getvalue(), ".pt2")
+        path = self._write(data, ".pt2")
         logger.info("SaveTraced: saved the exported program to %s", path)
         return path
 

@@ -40,7 +40,7 @@ import torch
 from ignite.engine import Events
 
 from hat_ignite.callbacks.base import CallbackMixin
-from hat_ignite.callbacks.checkpoint_payload import unwrap_model
+from hat_ignite.checkpoint.payload import unwrap_model
 from hat_ignite.callbacks.validation_evaluator import ValidationEvaluator
 from hat_ignite.engine.loop import build_if_config, check_log_interval
 from hat_ignite.engine.predictor import Predictor

@@ -61,7 +61,11 @@ def make_parser(prog: str, description: str, argv: Sequence[str]) -> argparse.Ar
         prog=prog, description=f"{description}\n\n{_HAT_FORM}", epilog=stages_line,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("config", nargs="?", help="path of the .py config file (or give it with -c/--config)")
+    parser.add_argument(
+        "config", nargs="?",
+        help="path of the .py config file (or give it with -c/--config); it is Python and runs when read, "
+             "also for --help and --dry-run: use only configs you trust",
+    )
     parser.add_argument(
         "-c", "--config", dest="config_flag", metavar="CONFIG", help="path of the .py config file (HAT's spelling)",
     )

@@ -6,7 +6,7 @@ to the ``{stage}_train`` entry ``hat-train`` wrote). The weights come from ``--c
 the config's ``{stage}_checkpoint`` key; with neither, the model runs with the weights the config
 builds (a warning says so); a file the stage's own ``LoadCheckpoint`` (in its
 ``model_convert_pipeline``) loads is not loaded again. Checkpoints are loaded with
-:class:`hat_ignite.callbacks.checkpoint_state.LoadCheckpoint`: weights-only, hash-verified, and
+:class:`hat_ignite.checkpoint.restore.LoadCheckpoint`: weights-only, hash-verified, and
 the weights must fit the model exactly. HAT's ``tools/predict.py`` spelling
 (``-c CONFIG -s STAGE --ckpt PATH --opts KEY VALUE ...``) works too.
 """
@@ -38,7 +38,7 @@ from hat_ignite.cli.common import (
 )
 
 from hat_ignite.cli.distributed import device_ids_of, parse_device_ids
-from hat_ignite.cli.stages import check_stage_inputs, record_lineage, save_stage_model
+from hat_ignite.cli.stages import check_stage_inputs, clear_interrupted_model_write, record_lineage, save_stage_model
 from hat_ignite.config import Config
 from hat_ignite.errors import CheckpointError
 
@@ -97,7 +97,7 @@ def _predict(argv: Sequence[str]) -> int:
     try:
         predictor = build_stage(cfg, stage_key)
         if ckpt is not None and not ckpt_loaded_by_stage:
-            from hat_ignite.callbacks.checkpoint_state import LoadCheckpoint
+            from hat_ignite.checkpoint.restore import LoadCheckpoint
 
             try:
                 LoadCheckpoint(ckpt, allow_miss=args.ckpt_allow_miss, ignore_extra=args.ckpt_ignore_extra)(
@@ -123,6 +123,7 @@ def _predict(argv: Sequence[str]) -> int:
     work_dir.create(lock_command=command_line("hat-predict", argv))
     attach_log_file(work_dir.file(f"{args.stage}_predict.log"))
     dump_config(cfg, work_dir.file(f"{args.stage}_predict_config.py"))
+    clear_interrupted_model_write(cfg, args.stage, work_path)
     start = time.perf_counter()
     try:
         predictor.fit()

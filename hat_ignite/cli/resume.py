@@ -30,8 +30,8 @@ from typing import Any, Callable, Sequence
 from hat_ignite.regular_files import open_regular
 
 __all__ = [
-    "add_resume_argument", "apply_resume", "find_resume", "finished_run", "install_stop_signals", "resume_command",
-    "saved_at", "stop_report",
+    "add_resume_argument", "apply_resume", "checkpoint_dirs", "find_resume", "finished_run", "install_stop_signals",
+    "resume_command", "saved_at", "stop_report",
 ]
 
 logger = logging.getLogger("hat_ignite.cli.train")
@@ -48,7 +48,7 @@ def add_resume_argument(parser: Any) -> None:
     )
 
 
-def _checkpoint_dirs(trainer: Any, work_path: str) -> list[tuple[str, str]]:
+def checkpoint_dirs(trainer: Any, work_path: str) -> list[tuple[str, str]]:
     """``(save_dir, name_prefix)`` of the trainer's checkpoint writers (else work_dir/checkpoints)."""
     dirs = [
         (os.path.abspath(cb.save_dir), getattr(cb, "name_prefix", "") or "")
@@ -78,7 +78,7 @@ def previous_run_note(trainer: Any, work_path: str, stage: str, argv: Sequence[s
     except (OSError, ValueError, TypeError):
         pass
     checkpoints = 0
-    for save_dir, prefix in _checkpoint_dirs(trainer, work_path):
+    for save_dir, prefix in checkpoint_dirs(trainer, work_path):
         if prefix and os.path.isdir(save_dir):  # without a prefix, other stages' files may be there too
             checkpoints += sum(1 for name in os.listdir(save_dir) if name.startswith(prefix) and ".pth" in name)
     if checkpoints:
@@ -106,7 +106,7 @@ class _Resume:
         self.checkpoint = checkpoint
 
     def resume(self, loop: Any) -> dict[str, list[str]]:
-        from hat_ignite.callbacks.checkpoint_state import restore_training_state
+        from hat_ignite.checkpoint.restore import restore_training_state
 
         return restore_training_state(loop, self.checkpoint, self.path)
 
@@ -120,13 +120,13 @@ def find_resume(trainer: Any, resume: str, work_path: str) -> tuple[str, Mapping
     Raises:
         CheckpointError: the named file, or every candidate of ``auto``, is unreadable or corrupt.
     """
-    from hat_ignite.callbacks.checkpoint_files import latest_valid_checkpoint
-    from hat_ignite.callbacks.checkpoint_io import load_checkpoint
+    from hat_ignite.checkpoint.files import latest_valid_checkpoint
+    from hat_ignite.checkpoint.loading import load_checkpoint
 
     if resume != "auto":
         path = os.path.abspath(resume)
         return path, load_checkpoint(path)
-    for save_dir, prefix in _checkpoint_dirs(trainer, work_path):
+    for save_dir, prefix in checkpoint_dirs(trainer, work_path):
         found = latest_valid_checkpoint(save_dir, prefix)
         if found is not None:
             return found
@@ -144,7 +144,7 @@ def finished_run(trainer: Any, checkpoint: Mapping[str, Any], stage_cfg: Mapping
     records that end for the stage (written after the last step, not after a stop on a signal).
     A longer schedule given on the command line (``--opts float_trainer.num_epochs=30``) is not
     finished and resumes as usual; a shorter one, or another batch size, is refused by the resume
-    (:mod:`hat_ignite.callbacks.checkpoint_progress`).
+    (:mod:`hat_ignite.checkpoint.progress`).
     """
     if stage_cfg.get("resume_epoch_or_step", True) is False:
         return None
@@ -200,7 +200,7 @@ def apply_resume(trainer: Any, resume: str, stage_cfg: Mapping[str, Any], work_p
     if found is None:
         found = find_resume(trainer, resume, work_path)
     if found is None:
-        where = ", ".join(d for d, _ in _checkpoint_dirs(trainer, work_path))
+        where = ", ".join(d for d, _ in checkpoint_dirs(trainer, work_path))
         logger.info("--resume auto: no checkpoint in %s; starting from the beginning.", where)
         return None
     path, checkpoint = found

@@ -23,7 +23,10 @@ from typing import Any
 from hat_ignite.cli.common import CliError, write_metrics
 from hat_ignite.config import Config
 
-__all__ = ["LINEAGE_FILE", "stage_inputs", "producer", "check_stage_inputs", "save_stage_model", "record_lineage"]
+__all__ = [
+    "LINEAGE_FILE", "stage_inputs", "producer", "check_stage_inputs", "stage_model_path",
+    "clear_interrupted_model_write", "save_stage_model", "record_lineage",
+]
 
 logger = logging.getLogger("hat_ignite.cli.stages")
 
@@ -91,6 +94,24 @@ def check_stage_inputs(cfg: Config, stage: str, stage_key: str, config_path: str
     return inputs
 
 
+def stage_model_path(cfg: Config, stage: str, work_dir: str) -> tuple[str, bool]:
+    """Where a predictor stage saves its model: the config's ``{stage}_model`` (``named``: True),
+    else ``{stage}-model.pt2`` in ``work_dir``."""
+    named = cfg.get(f"{stage}_model")
+    return (str(named), True) if named else (os.path.join(work_dir, f"{stage}-model.pt2"), False)
+
+
+def clear_interrupted_model_write(cfg: Config, stage: str, work_dir: str) -> list[str]:
+    """Remove what a killed earlier write of the stage's model left beside it (logged); return it.
+
+    Called once the run holds the work dir, before the stage runs, so a run that fails later
+    still clears the stale files.
+    """
+    from hat_ignite.pt2 import remove_stale_temp_files
+
+    return remove_stale_temp_files(stage_model_path(cfg, stage, work_dir)[0])
+
+
 def save_stage_model(cfg: Config, stage: str, engine: Any, work_dir: str) -> str | None:
     """Save a predictor stage's model as a ``torch.export`` program; return the path, or ``None``.
 
@@ -104,14 +125,9 @@ def save_stage_model(cfg: Config, stage: str, engine: Any, work_dir: str) -> str
     from hat_ignite.errors import QuantizationError
     from hat_ignite.quantization.prepared import prepared_modules
 
-    named = cfg.get(f"{stage}_model")
-    default = not named
-    if default:
-        if not any(m.stage == "quantized" for m in prepared_modules(engine.model)):
-            return None
-        path = os.path.join(work_dir, f"{stage}-model.pt2")
-    else:
-        path = str(named)
+    path, named = stage_model_path(cfg, stage, work_dir)
+    if not named and not any(m.stage == "quantized" for m in prepared_modules(engine.model)):
+        return None
     from hat_ignite.quantization.io import save_quantized_model
 
     batch = next(iter(engine.data_loader))
@@ -121,7 +137,7 @@ def save_stage_model(cfg: Config, stage: str, engine: Any, work_dir: str) -> str
     try:
         saved = save_quantized_model(engine.model, path, batch)
     except QuantizationError as exc:
-        if not default:
+        if named:
             raise
         logger.warning(
             "the %s model is not saved as %s: %s To save it, export a model without that code (HAT's "

@@ -2,11 +2,13 @@
 
 Loads the config, applies the overrides, seeds from the config's ``seed``, builds the stage's
 ``{stage}_trainer`` with the registry and trains it. The work dir receives the log
-(``{stage}_train.log``), the resolved config (``{stage}_train_config.py``), whatever the
+(``{stage}_train.log``), the resolved config (``{stage}_train_config.py``, written when training
+starts, so a resume refused before that leaves the one matching the checkpoints), whatever the
 callbacks save (checkpoints ...) and, at the end, the final metrics in ``metrics.json`` under the
 key ``{stage}_train``. It is created only once the config has loaded and the trainer has been
 built, so a bad config leaves nothing behind. ``--resume`` continues a run from a checkpoint
-(see :mod:`hat_ignite.cli.resume`). SIGTERM or SIGINT stops training at the next step boundary:
+(see :mod:`hat_ignite.cli.resume`; in a multi-process run every rank must find the same
+checkpoint, see :mod:`hat_ignite.cli.resume_agreement`). SIGTERM or SIGINT stops training at the next step boundary:
 the ``Checkpoint`` callback writes a resumable checkpoint, ``metrics.json`` is written with
 ``"stopped_by_signal": true``, the log names the command that resumes, and the exit code is 143
 (SIGTERM) or 130 (SIGINT); a second signal exits at once. In a multi-process run the signal may
@@ -33,7 +35,8 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from typing import Any, Sequence
+from collections.abc import Mapping
+from typing import Any, Callable, Sequence
 
 from hat_ignite.cli.common import (
     CliError,
@@ -66,12 +69,14 @@ from hat_ignite.cli.progress import TerminalBar, attach_epoch_line, has_room_for
 from hat_ignite.cli.resume import (
     add_resume_argument,
     apply_resume,
+    checkpoint_dirs,
     find_resume,
     finished_run,
     install_stop_signals,
     previous_run_note,
     stop_report,
 )
+from hat_ignite.cli.resume_agreement import as_rank_0_finds
 from hat_ignite.cli.stages import check_stage_inputs, record_lineage
 from hat_ignite.cli.write_errors import close_event_writers, write_error_text
 
@@ -140,17 +145,45 @@ def _best_checkpoint(trainer: Any) -> dict[str, Any] | None:
     return None
 
 
-def _watch_start(trainer: Any) -> list[bool]:
-    """A flag set when the trainer's run starts (after resuming and loading, before the first batch)."""
+def _watch_start(trainer: Any, on_start: Callable[[], None] | None = None) -> list[bool]:
+    """A flag set when the trainer's run starts (after resuming and loading, before the first
+    batch), and then ``on_start()`` called."""
     from ignite.engine import Events
 
     started = [False]
 
     def mark(_engine: Any) -> None:
         started[0] = True
+        if on_start is not None:
+            on_start()
 
     trainer.add_event_handler(Events.STARTED, mark)
     return started
+
+
+def _agreed_resume(trainer: Any, resume: str, stage_cfg: Any, work_path: str) -> tuple[str, Any] | None:
+    """The checkpoint ``--resume`` names, the same on every rank, checked before anything is written.
+
+    A rank's failure to find or load it is shared with the other ranks, so all stop together
+    (see :mod:`hat_ignite.cli.resume_agreement`); a checkpoint of another number of processes
+    is refused here, before the work dir is touched.
+    """
+    import os
+
+    from hat_ignite.checkpoint.restore import check_world_size
+    from hat_ignite.cli.resume_agreement import agree_on_resume
+
+    found, error = None, None
+    try:
+        found = find_resume(trainer, resume, work_path)
+    except Exception as exc:  # shared with the other ranks, which would otherwise wait for this one
+        error = exc
+    searched = [d for d, _ in checkpoint_dirs(trainer, work_path)] if resume == "auto" else [os.path.abspath(resume)]
+    found = agree_on_resume(found, error, searched)
+    progress = found[1].get("progress") if found else None
+    if found and isinstance(progress, Mapping) and stage_cfg.get("resume_epoch_or_step", True) is not False:
+        check_world_size(progress, found[0])
+    return found
 
 
 def _failure_message(trainer: Any, stage_key: str, exc: BaseException, started: bool, work_path: str) -> str:
@@ -213,8 +246,10 @@ def _train(argv: Sequence[str]) -> int:
             print(f"work dir: {work_path} (a dry run creates nothing)")
         return 0
 
-    found = find_resume(trainer, args.resume, work_path) if args.resume else None
+    found = _agreed_resume(trainer, args.resume, cfg[stage_key], work_path) if args.resume else None
     finished = finished_run(trainer, found[1], cfg[stage_key], work_path, args.stage) if found else None
+    if args.resume:  # metrics.json is in rank 0's work dir: its answer holds for every rank
+        finished = as_rank_0_finds(finished)
     if finished and found:  # before anything is written: resuming a finished run changes no file
         logger.info("the run in %s is already finished (%s; checkpoint %s): nothing to do. To train longer, "
                     "resume with a larger num_epochs/num_steps in --opts.", work_path, finished, found[0])
@@ -225,8 +260,6 @@ def _train(argv: Sequence[str]) -> int:
     attach_log_file(work_dir.file(f"{args.stage}_train.log"))
     if rerun:
         logger.warning(rerun)
-    if main_process:
-        dump_config(cfg, work_dir.file(f"{args.stage}_train_config.py"))
     logger.info("config %s, stage %s, work dir %s", cfg.filename, stage_key, work_path)
     label_stage(trainer, args.stage)  # stages sharing a TensorBoard directory keep their own histories
     bar = _attach_progress(trainer) if main_process else None
@@ -236,18 +269,25 @@ def _train(argv: Sequence[str]) -> int:
         apply_resume(trainer, args.resume, cfg[stage_key], work_path, found=found)
     received, restore_signals = install_stop_signals(trainer)
     follow_launcher_signals(trainer)
-    started = _watch_start(trainer)
+    # the resolved config is written once training starts: a run refused before that (a resume
+    # that does not fit) leaves the config that matches the work dir's checkpoints
+    resolved = work_dir.file(f"{args.stage}_train_config.py")
+    started = _watch_start(trainer, (lambda: dump_config(cfg, resolved)) if main_process else None)
     start = time.perf_counter()
     try:
         trainer.fit()
     except Exception as exc:
         close_event_writers(trainer)  # a full disk: tensorboardX's exit hook must not fail again
+        if isinstance(exc, CliError):  # the resolved config could not be written: it says so itself
+            raise
         raise CliError(_failure_message(trainer, stage_key, exc, started[0], work_path)) from exc
     finally:
         if bar is not None:  # before anything else is printed: no stale bar under the report
             bar.close()
         if not received:  # after a signal, a second one must still exit at once, up to the process's end
             restore_signals()
+    if main_process and not started[0]:  # a loop with no step left to run never fires STARTED
+        dump_config(cfg, resolved)
     record = _metrics_record(trainer, args.stage, cfg.filename, time.perf_counter() - start)
     # a rank of a multi-process run may stop because another rank (or the launcher) got the signal
     signum = trainer.stop_code if trainer.stopped_by is not None else (received[0] if received else None)

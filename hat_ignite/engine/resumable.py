@@ -130,7 +130,7 @@ class ResumableLoopMixin(_EngineBase):
         """Call ``resumer.resume(loop)`` at the start of the next ``fit()``.
 
         ``resumer`` restores a saved training state into the loop (see
-        ``hat_ignite.callbacks.checkpoint_state``); it runs after the resumers of
+        ``hat_ignite.checkpoint.restore``); it runs after the resumers of
         ``model_convert_pipeline``.
         """
         if not callable(getattr(resumer, "resume", None)):

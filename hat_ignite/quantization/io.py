@@ -1,9 +1,11 @@
 """Saving and loading int8 models as ``torch.export`` programs, and measuring them.
 
 An int8 model is saved whole, in eval mode, with :func:`torch.export.save` (a ``.pt2`` archive:
-graph, int8 weights and quantization parameters, no pickled Python objects), written crash-safely
-next to the destination and renamed into place. :func:`load_quantized_model` gives back a module
-that computes the same outputs, in a fresh process, without the model's Python code.
+graph, int8 weights and quantization parameters, no pickled Python objects, and the content hash
+hat-ignite records in it), written crash-safely next to the destination and renamed into place
+(:mod:`hat_ignite.pt2`). :func:`load_quantized_model` checks the file (nothing pickled, no code,
+content as recorded) and gives back a module that computes the same outputs, in a fresh process,
+without the model's Python code.
 """
 
 from __future__ import annotations
@@ -11,13 +13,11 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import tempfile
 from typing import Any, Union
 
 import torch
 from torch import nn
 
-from hat_ignite.errors import CheckpointError
 from hat_ignite.quantization.capture import export_module, model_args
 from hat_ignite.quantization.timed import timed
 from hat_ignite.quantization.used_inputs import keep_keys, unused_entries, without_entries
@@ -64,15 +64,11 @@ def tensor_bytes(model: nn.Module) -> int:
     return sum(seen.values())
 
 
-def _umask() -> int:
-    """The process's file-creation mask (read by setting it and putting it back)."""
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
 def save_quantized_model(model: nn.Module, path: PathLike, example_inputs: Any) -> str:
     """Export ``model`` in eval mode on ``example_inputs`` and save the program to ``path``.
+
+    The program takes what the model uses: entries of a dict batch the model never reads (a
+    batch's labels) are left out of its inputs, and the loaded program still accepts a whole batch.
 
     Args:
         model: the model, usually after ``QAT2Quantize`` (a float model saves too).
@@ -84,11 +80,9 @@ def save_quantized_model(model: nn.Module, path: PathLike, example_inputs: Any) 
 
     Raises:
         QuantizationError: the model cannot be exported (names the module and the op).
-        CheckpointError: the file cannot be written.
+        CheckpointError: the file cannot be written (or the program holds what
+            :func:`load_quantized_model` refuses, such as a pickled tensor subclass).
     """
-    path = os.path.abspath(os.fspath(path))
-    directory = os.path.dirname(path)
-    os.makedirs(directory, exist_ok=True)
     if isinstance(model, PreparedModule):
         model = _Program(model)
     modes = {m: m.training for m in model.modules()}
@@ -103,22 +97,9 @@ def save_quantized_model(model: nn.Module, path: PathLike, example_inputs: Any) 
     finally:
         for m, training in modes.items():
             m.training = training
-    from hat_ignite.callbacks.checkpoint_io import atomic_link
+    from hat_ignite.pt2 import save_program
 
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp.pt2", dir=directory)
-    os.close(fd)
-    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it private; the model file is like the others
-    try:
-        torch.export.save(program, tmp)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        atomic_link(tmp, path)
-    except OSError as exc:
-        raise CheckpointError(f"Could not write the int8 model {path}: {exc}. Check free space and permissions.") from exc
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-    return path
+    return save_program(program, path)
 
 
 class _Program(nn.Module):
@@ -133,45 +114,44 @@ class _Program(nn.Module):
         return self.model(*args)
 
 
-def load_quantized_model(path: PathLike, inductor: bool | None = None) -> LoadedProgram:
+def load_quantized_model(path: PathLike, sha256: Union[str, None] = None, inductor: bool | None = None) -> LoadedProgram:
     """Load a model saved by :func:`save_quantized_model`, in eval mode; ``eval()`` / ``train()``
     work on it.
+
+    The file is checked before anything in it is deserialized (:func:`hat_ignite.pt2.load_program`):
+    an archive holding a pickled entry, native code or a code string torch would evaluate is
+    refused naming the entry, and the content must match the hash recorded inside the file
+    when it was written. A ``.pt2`` written elsewhere records none: it loads with a warning,
+    or is checked against ``sha256`` when given.
 
     In eval mode without gradients the program runs through inductor with freezing (int8
     kernels), compiled at the first call; where that cannot be built it runs as saved, with a log
     line saying why (see ``hat_ignite.quantization.inductor``). The program as saved is the
-    returned module's ``program``.
+    returned module's ``program``. Called with a whole batch, it passes on the entries the
+    program takes.
 
     Args:
         path: the ``.pt2`` file.
+        sha256: the expected SHA-256 (hex) of the whole file (e.g. ``lineage.json``'s), optional.
         inductor: ``False`` runs the program as saved; ``None`` (default): through inductor
             unless the environment variable ``HAT_IGNITE_INT8_INDUCTOR`` is ``0``.
 
     Raises:
-        CheckpointError: the file is missing or is not a saved program; names the path.
+        CheckpointError: the file is missing, is not a saved program, holds something that
+            would run code, or does not match its hash; names the path.
     """
-    path = os.path.abspath(os.fspath(path))
-    if not os.path.isfile(path):
-        raise CheckpointError(
-            f"int8 model {path} does not exist. It is written by the int_infer stage "
-            f"(hat-predict CONFIG --stage int_infer) or by save_quantized_model()."
-        )
+    from hat_ignite.pt2 import load_program
+
     import_torchao()  # registers the quantize/dequantize ops
     from torchao.quantization.pt2e import allow_exported_model_train_eval
 
-    try:
-        program = torch.export.load(path)
-    except Exception as exc:  # torch raises many types for bad archives
-        raise CheckpointError(
-            f"Cannot load the int8 model {path}: {type(exc).__name__}: {str(exc).strip()[:300]}. It is "
-            f"not a complete torch.export archive; write it again with save_quantized_model()."
-        ) from exc
+    program = load_program(path, sha256=sha256)
     module = program.module()
     allow_exported_model_train_eval(module)
     keys = _dict_input_keys(program)
     if keys is not None:  # called with a whole batch, as the model was: the entries it uses are passed on
         module.register_forward_pre_hook(_KeepKeys(keys), with_kwargs=True, prepend=True)  # before its input check
-    return LoadedProgram(module, f"the int8 model {path}", inductor).eval()
+    return LoadedProgram(module, f"the int8 model {os.path.abspath(os.fspath(path))}", inductor).eval()
 
 
 def _dict_input_keys(program: torch.export.ExportedProgram) -> list[frozenset | None] | None:

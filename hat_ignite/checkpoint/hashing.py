@@ -2,8 +2,8 @@
 
 :func:`content_hash` covers each tensor's dtype, shape and raw bytes and every key, value and
 container in order, so the same content hashes the same before saving and after loading, and a
-flipped bit anywhere changes it. :mod:`hat_ignite.callbacks.checkpoint_io` stores the hash in each
-checkpoint it writes and checks it on every load.
+flipped bit anywhere changes it. :func:`with_content_hash` stores it in each checkpoint written
+(the ``Checkpoint`` callback does) and :mod:`~hat_ignite.checkpoint.loading` checks it on every load.
 """
 
 from __future__ import annotations

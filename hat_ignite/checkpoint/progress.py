@@ -19,7 +19,7 @@ steps done                   and the run cannot end where the config says
 ===========================  ===============================================================
 
 Changed optimizer options (``lr``, ``momentum``, ``fused`` ...) are the config's too; they are
-applied when the optimizer state is loaded (:mod:`.checkpoint_optim`), and
+applied when the optimizer state is loaded (:mod:`~hat_ignite.checkpoint.optimizer_state`), and
 :func:`rebase_schedules` makes the lr (and optimizer-parameter) updaters schedule from the
 config's base values rather than the ones restored with their state.
 """

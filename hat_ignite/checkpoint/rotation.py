@@ -6,7 +6,7 @@ import logging
 import os
 from typing import Callable
 
-from hat_ignite.callbacks.checkpoint_files import scan_checkpoints
+from hat_ignite.checkpoint.files import scan_checkpoints
 
 __all__ = ["rotate"]
 

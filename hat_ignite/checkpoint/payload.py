@@ -1,6 +1,6 @@
 """What a training checkpoint holds: :func:`training_state` collects it from a running loop.
 
-Putting it back is :mod:`.checkpoint_state`'s job. The layout of a checkpoint (all of it
+Putting it back is :mod:`~hat_ignite.checkpoint.restore`'s job. The layout of a checkpoint (all of it
 loadable with ``torch.load(weights_only=True)``):
 
 ==================  ==========================================================================
@@ -27,7 +27,7 @@ data                the data position (``loop.data_state_dict()``): steps done i
                     epoch, whether its on_epoch_end hooks are still to run, and the generator
                     states its data iterator started from (shuffle order, worker seeds)
 versions            ``hat_ignite`` and ``torch`` versions that wrote it
-content_sha256      SHA-256 of all of the above (see :mod:`.checkpoint_io`)
+content_sha256      SHA-256 of all of the above (see :mod:`~hat_ignite.checkpoint.hashing`)
 ==================  ==========================================================================
 """
 

@@ -26,7 +26,7 @@ __all__ = ["KeywordsLoop"]
 
 
 class KeywordsLoop:
-    """The loop attributes :func:`~.checkpoint_payload.training_state` and ``Checkpoint`` read.
+    """The loop attributes :func:`~hat_ignite.checkpoint.payload.training_state` and ``Checkpoint`` read.
 
     Args:
         model: the model to save; ``None`` saves ``ema_model`` in its place (as HAT does when
