@@ -144,6 +144,21 @@ def test_int8_model_reloads_in_a_fresh_process_with_identical_outputs(digits, tm
     assert out.stdout.strip().endswith("identical")
 
 
+def test_a_model_prepared_whole_saves_an_int8_program_that_loads(digits, tmp_path):
+    """The model itself becomes the PreparedModule, its weights under ``graph.``: the loaded
+    program (a GraphModule, whose ``graph`` is its own) used to refuse them."""
+    float_model, _, val = digits
+    images = next(iter(val))["img"]
+    prepared = Float2Calibration(example_inputs=images)(copy.deepcopy(float_model.net))
+    with torch.no_grad(), observing(prepared):
+        prepared.eval()(images)
+    int8 = QAT2Quantize()(prepared)
+    assert type(int8).__name__ == "PreparedModule"
+    loaded = load_quantized_model(save_quantized_model(int8, tmp_path / "int8.pt2", images))
+    with torch.no_grad():
+        assert torch.equal(loaded(images[:7]), int8(images[:7]))
+
+
 class _DataDependent(nn.Module):
     def forward(self, x):
         if x.sum() > 0:  # a Python branch on tensor data: torch.export cannot capture it

@@ -15,7 +15,7 @@ import tempfile
 from typing import Any, Union
 
 import torch
-from torch import nn
+from torch import fx, nn
 
 from hat_ignite.errors import CheckpointError
 from hat_ignite.quantization.capture import export_module, model_args
@@ -88,14 +88,14 @@ def save_quantized_model(model: nn.Module, path: PathLike, example_inputs: Any) 
     directory = os.path.dirname(path)
     os.makedirs(directory, exist_ok=True)
     modes = {m: m.training for m in model.modules()}
-    model.eval()
+    exported = _loadable(model).eval()
     try:
         with timed(logger, "save_quantized_model: exporting %s for %s", type(model).__name__, path):
             args = model_args(example_inputs)
-            program = export_module(model, args, {}, "", "save_quantized_model")
+            program = export_module(exported, args, {}, "", "save_quantized_model")
             unused = unused_entries(program, args, {})
             if unused:  # a batch's labels, say: the program takes what the model uses
-                program = export_module(model, without_entries(args, unused), {}, "", "save_quantized_model")
+                program = export_module(exported, without_entries(args, unused), {}, "", "save_quantized_model")
     finally:
         for m, training in modes.items():
             m.training = training
@@ -115,6 +115,32 @@ def save_quantized_model(model: nn.Module, path: PathLike, example_inputs: Any) 
         if os.path.exists(tmp):
             os.remove(tmp)
     return path
+
+
+class _Model(nn.Module):
+    """``model`` one level down, so that none of its own names is at the top of the saved program."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.model(*args, **kwargs)
+
+
+def _loadable(model: nn.Module) -> nn.Module:
+    """``model``, or ``model`` wrapped when a top-level name of its would hide one of ``GraphModule``'s.
+
+    A loaded program becomes a ``torch.fx.GraphModule`` holding the model's weights under their
+    names; a whole model prepared for int8 (a :class:`~.prepared.PreparedModule`) keeps its
+    weights under ``graph.``, which is the ``GraphModule``'s own graph, and the program would not
+    load ("references nonexistent attribute ... of graph").
+    """
+    names = [name for name, _ in model.named_children()]
+    names += [name for name, _ in model.named_parameters(recurse=False)]
+    names += [name for name, _ in model.named_buffers(recurse=False)]
+    program = fx.GraphModule(nn.Module(), fx.Graph())  # what a loaded program is
+    return _Model(model) if any(hasattr(program, name) for name in names) else model
 
 
 def load_quantized_model(path: PathLike) -> nn.Module:
@@ -151,10 +177,15 @@ def load_quantized_model(path: PathLike) -> nn.Module:
 def _dict_input_keys(program: torch.export.ExportedProgram) -> list[frozenset | None] | None:
     """The keys each dict argument of the program takes (``None`` where an argument is no dict)."""
     spec = program.call_spec.in_spec
-    if spec is None or not spec.children_specs:
+    if spec is None or not _children(spec):
         return None
-    keys = [frozenset(a.context) if a.type is dict else None for a in spec.children_specs[0].children_specs]
+    keys = [frozenset(a.context) if a.type is dict else None for a in _children(_children(spec)[0])]
     return keys if any(k is not None for k in keys) else None
+
+
+def _children(spec: Any) -> list[Any]:
+    """A pytree spec's child specs: ``children()`` where torch has it (2.14 warns on ``children_specs``)."""
+    return list(spec.children()) if hasattr(spec, "children") else list(spec.children_specs)
 
 
 class _KeepKeys:
