@@ -3,12 +3,13 @@
 torchvision's ``BasicBlock`` applies its one ``self.relu`` twice and MobileNetV2 mixes depthwise
 convs, ReLU6 and functional pooling: the shapes of ``tests/projects/perception``, here as
 torchvision writes them. Each net is trained briefly on the digits (32x32, three channels) until it
-clearly has learnt them, then goes through the converters in both ``qat_mode``\\ s: ``Float2Calibration``,
-calibration under ``observing``, ``Calibration2QAT``, a few QAT steps, ``QAT2Quantize``. The int8
-model must stay within one point of the float model on the held-out split, and within one point of
-what plain torchao's own flow makes of the same trained model (strict ``torch.export``,
-``prepare_pt2e`` with the same quantizer, calibration on the same batches, ``convert_pt2e``), which
-also inserts as many fake-quantize modules as ours: each call of a shared layer observed on its own.
+clearly has learnt them, then goes through the converters with each ``qat_mode``:
+``Float2Calibration``, calibration under ``observing``, ``Calibration2QAT``, a few QAT steps,
+``QAT2Quantize``. The int8 model must stay within one point of the float model on the held-out
+split, and within one point of what plain torchao's own flow makes of the same trained model
+(strict ``torch.export``, ``prepare_pt2e`` with the same quantizer, calibration on the same
+batches, ``convert_pt2e``), which also inserts as many fake-quantize modules as ours: each call of
+a shared layer observed on its own.
 The int8 program saved as the ``int_infer`` stage saves it loads and gives the same outputs.
 
 torchvision is not a dependency, and the wheel built for one torch does not load beside another
