@@ -96,7 +96,7 @@ def test_int_infer_runs_int8_through_inductor_or_says_why_not(chain, tmp_path):
 
     from conftest import ROOT
 
-    work, metrics, _ = chain
+    work, metrics, _, _ = chain
     copy = tmp_path / "work"
     shutil.copytree(work, copy)
     env = dict(os.environ, HAT_IGNITE_INT8_INDUCTOR="1", CXX=str(tmp_path / "no-such-c++"),

@@ -44,7 +44,7 @@ def int8_file(tmp_path_factory):
     with torch.no_grad(), observing(model):
         for _, batch in zip(range(2), loader):
             model(batch)
-    batch = next(iter(DataLoader(DigitsDataset(split="val"), batch_size=64)))
+    batch = {"img": next(iter(DataLoader(DigitsDataset(split="val"), batch_size=64)))["img"]}  # what the program takes
     path = save_quantized_model(QAT2Quantize()(model), tmp_path_factory.mktemp("int8") / "int8.pt2", batch)
     with torch.no_grad():
         reference = load_program(path).module()(batch)

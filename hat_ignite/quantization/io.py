@@ -16,13 +16,12 @@ import os
 from typing import Any, Union
 
 import torch
-from torch import nn
+from torch import fx, nn
 
 from hat_ignite.quantization.capture import export_module, model_args
 from hat_ignite.quantization.timed import timed
 from hat_ignite.quantization.used_inputs import keep_keys, unused_entries, without_entries
 from hat_ignite.quantization.inductor import LoadedProgram
-from hat_ignite.quantization.prepared import PreparedModule
 from hat_ignite.quantization.torchao_import import import_torchao
 from hat_ignite.regular_files import open_regular
 
@@ -83,17 +82,15 @@ def save_quantized_model(model: nn.Module, path: PathLike, example_inputs: Any) 
         CheckpointError: the file cannot be written (or the program holds what
             :func:`load_quantized_model` refuses, such as a pickled tensor subclass).
     """
-    if isinstance(model, PreparedModule):
-        model = _Program(model)
     modes = {m: m.training for m in model.modules()}
-    model.eval()
+    exported = _loadable(model).eval()
     try:
         with timed(logger, "save_quantized_model: exporting %s for %s", type(model).__name__, path):
             args = model_args(example_inputs)
-            program = export_module(model, args, {}, "", "save_quantized_model")
+            program = export_module(exported, args, {}, "", "save_quantized_model")
             unused = unused_entries(program, args, {})
             if unused:  # a batch's labels, say: the program takes what the model uses
-                program = export_module(model, without_entries(args, unused), {}, "", "save_quantized_model")
+                program = export_module(exported, without_entries(args, unused), {}, "", "save_quantized_model")
     finally:
         for m, training in modes.items():
             m.training = training
@@ -102,16 +99,30 @@ def save_quantized_model(model: nn.Module, path: PathLike, example_inputs: Any) 
     return save_program(program, path)
 
 
-class _Program(nn.Module):
-    """A model prepared whole, one level down: the root of a loaded program is a ``GraphModule``,
-    whose own ``graph`` a prepared module's ``graph`` attribute would shadow."""
+class _Model(nn.Module):
+    """``model`` one level down, so that none of its own names is at the top of the saved program."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
 
-    def forward(self, *args: Any) -> Any:
-        return self.model(*args)
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.model(*args, **kwargs)
+
+
+def _loadable(model: nn.Module) -> nn.Module:
+    """``model``, or ``model`` wrapped when a top-level name of its would hide one of ``GraphModule``'s.
+
+    A loaded program becomes a ``torch.fx.GraphModule`` holding the model's weights under their
+    names; a whole model prepared for int8 (a :class:`~.prepared.PreparedModule`) keeps its
+    weights under ``graph.``, which is the ``GraphModule``'s own graph, and the program would not
+    load ("references nonexistent attribute ... of graph").
+    """
+    names = [name for name, _ in model.named_children()]
+    names += [name for name, _ in model.named_parameters(recurse=False)]
+    names += [name for name, _ in model.named_buffers(recurse=False)]
+    program = fx.GraphModule(nn.Module(), fx.Graph())  # what a loaded program is
+    return _Model(model) if any(hasattr(program, name) for name in names) else model
 
 
 def load_quantized_model(path: PathLike, sha256: Union[str, None] = None, inductor: bool | None = None) -> LoadedProgram:
@@ -165,7 +176,7 @@ def _dict_input_keys(program: torch.export.ExportedProgram) -> list[frozenset | 
 
 
 def _children(spec: Any) -> list[Any]:
-    """A pytree spec's children (``children()`` in newer torch, ``children_specs`` before)."""
+    """A pytree spec's child specs: ``children()`` where torch has it (2.14 warns on ``children_specs``)."""
     return list(spec.children()) if hasattr(spec, "children") else list(spec.children_specs)
 
 
