@@ -33,7 +33,7 @@ from hat_ignite.quantization import (
     prepared_modules,
 )
 
-from conftest import ROOT
+from conftest import ROOT, time_limit
 
 
 class HatNet(nn.Module):
@@ -255,7 +255,7 @@ def test_convert_submodule_list_names_the_users_modules_after_qat_preparation(tm
     script = tmp_path / "ddp.py"
     script.write_text(DDP_SCRIPT.format(tests=str(ROOT / "tests")))
     proc = subprocess.run(
-        [sys.executable, str(script), str(port)], capture_output=True, text=True, timeout=240,
+        [sys.executable, str(script), str(port)], capture_output=True, text=True, timeout=time_limit(240),
         env=dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1"),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
