@@ -5,13 +5,17 @@
     [ 12%   0:38] tests/test_registry.py: 26 passed (14.1 s)
 
 (the share of the collected tests done, the time since the tests began, the file, its results and
-its own time). A failing test still prints its ``F`` or ``E`` at once, and the usual summary
-follows the run. Without ``-q`` pytest's own per-file lines are used and the option does nothing.
+its own time: from its first test's start to its last test's end). A file's line is printed once
+all its tests are done, so it works alike when pytest-xdist runs the files in several worker
+processes (``-n``): their results come back interleaved, and each file is printed when it is
+complete. A failing test still prints its ``F`` or ``E`` at once, and the usual summary follows
+the run. Without ``-q`` pytest's own per-file lines are used and the option does nothing.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections import Counter
 from typing import Any
@@ -19,9 +23,20 @@ from typing import Any
 import pytest
 
 
-
 def _file_of(nodeid: str) -> str:
     return nodeid.split("::", 1)[0]
+
+
+class _File:
+    """One test file's progress: tests expected and done, their results, when it started."""
+
+    __slots__ = ("expected", "done", "outcomes", "started")
+
+    def __init__(self) -> None:
+        self.expected = 0
+        self.done = 0
+        self.outcomes: Counter[str] = Counter()
+        self.started: float | None = None
 
 
 class FileProgress:
@@ -32,16 +47,24 @@ class FileProgress:
         self.total = 0
         self.done = 0
         self.started = time.monotonic()
-        self.file: str | None = None
-        self.file_started = self.started
-        self.outcomes: Counter[str] = Counter()
-        self.order: list[str] = []  # the files in the order they run
+        self.files: dict[str, _File] = {}  # in collection order
+
+    def _collected(self, nodeids: list[str]) -> None:
+        self.total = len(nodeids)
+        self.files = {}
+        for nodeid in nodeids:
+            self.files.setdefault(_file_of(nodeid), _File()).expected += 1
+        self.started = time.monotonic()
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_finish(self, session: pytest.Session) -> None:
-        self.total = len(session.items)
-        self.order = list(dict.fromkeys(_file_of(item.nodeid) for item in session.items))
-        self.started = time.monotonic()
+        if session.items:  # under pytest-xdist the workers collect: see the hook below
+            self._collected([item.nodeid for item in session.items])
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
+        if not self.files:  # every worker collects the same tests
+            self._collected(list(ids))
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_report_teststatus(self, report: pytest.TestReport, config: pytest.Config) -> Any:
@@ -49,36 +72,41 @@ class FileProgress:
             return "passed", "", ""  # counted in the summary, no dot: the file's line says it
         return None
 
+    def _file(self, nodeid: str) -> _File:
+        return self.files.setdefault(_file_of(nodeid), _File())
+
     def pytest_runtest_logstart(self, nodeid: str, location: Any) -> None:
-        name = _file_of(nodeid)
-        if name != self.file:
-            self._file_done()
-            self.file, self.file_started = name, time.monotonic()
+        file = self._file(nodeid)
+        if file.started is None:
+            file.started = time.monotonic()
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        file = self._file(report.nodeid)
         if report.when == "call" or (report.when == "setup" and not report.passed):
-            self.outcomes["xfailed" if hasattr(report, "wasxfail") else report.outcome] += 1
+            file.outcomes["xfailed" if hasattr(report, "wasxfail") else report.outcome] += 1
             self.done += 1
-        elif report.when == "teardown" and report.failed:
-            self.outcomes["error"] += 1
+        elif report.when == "teardown":
+            if report.failed:
+                file.outcomes["error"] += 1
+            file.done += 1  # a test is done once its teardown is
+            if file.done == file.expected:
+                self._print(_file_of(report.nodeid), file)
 
     def pytest_sessionfinish(self) -> None:
-        self._file_done()
+        for name, file in self.files.items():  # files a stop (-x, Ctrl-C) left unfinished
+            if file.started is not None and file.done < file.expected:
+                self._print(name, file)
 
-    def _file_done(self) -> None:
-        if self.file is None:
-            return
+    def _print(self, name: str, file: _File) -> None:
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
-        if reporter is not None:
-            elapsed = int(time.monotonic() - self.started)
-            share = 100 * self.done // self.total if self.total else 100
-            results = ", ".join(f"{n} {outcome}" for outcome, n in self.outcomes.items()) or "no tests"
-            reporter.write_line(
-                f"[{share:3d}% {elapsed // 60:3d}:{elapsed % 60:02d}] {self.file}: {results} "
-                f"({time.monotonic() - self.file_started:.1f} s)"
-            )
-        self.file = None
-        self.outcomes = Counter()
+        if reporter is None:
+            return
+        now = time.monotonic()
+        elapsed = int(now - self.started)
+        share = 100 * self.done // self.total if self.total else 100
+        results = ", ".join(f"{n} {outcome}" for outcome, n in file.outcomes.items()) or "no tests"
+        own = now - (file.started if file.started is not None else now)
+        reporter.write_line(f"[{share:3d}% {elapsed // 60:3d}:{elapsed % 60:02d}] {name}: {results} ({own:.1f} s)")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -86,10 +114,26 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      help="with -q: a line per test file (share done, time so far, results) instead of dots")
 
 
+def _share_the_cores(workers: int) -> None:
+    """In each of ``workers`` pytest-xdist worker processes: give torch (and every process the tests
+    start, which inherit the environment) its share of the cores, so that the workers' thread
+    pools do not take turns on the same cores. A setting of ``OMP_NUM_THREADS`` is kept."""
+    if "OMP_NUM_THREADS" in os.environ:
+        return
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    torch = sys.modules.get("torch")  # not imported yet, normally: then torch reads the variable
+    if torch is not None:
+        torch.set_num_threads(threads)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     # int8 graphs run as converted in the tests (and the CLI runs they start): compiling each with
     # inductor costs seconds to tens of seconds. The tests of the inductor path turn it on
     # themselves (tests/test_int8_inductor.py); HAT_IGNITE_INT8_INDUCTOR=1 runs the suite with it.
     os.environ.setdefault("HAT_IGNITE_INT8_INDUCTOR", "0")
-    if config.getoption("file_progress") and config.get_verbosity() < 0:
+    worker = hasattr(config, "workerinput")  # a pytest-xdist worker: its results are printed by the main process
+    if worker:
+        _share_the_cores(int(config.workerinput["workercount"]))
+    if config.getoption("file_progress") and config.get_verbosity() < 0 and not worker:
         config.pluginmanager.register(FileProgress(config), "file-progress")

@@ -209,6 +209,10 @@ def has_normalization(model: Any, check_list: Any = None) -> bool:
 # -- hashed file names ---------------------------------------------------------------------------
 _REMOTE = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
 _EXTENSION = re.compile(r"(\.[^./]+)*$")
+#: The hash HAT and hat-ignite put at the end of a saved file's name (8 hex digits), and the
+#: 8-digit counter of a periodic name without a hash (``checkpoint-step-12345678``), which is not one.
+_HASH_AT_END = re.compile(r"-([a-f0-9]{8})$")
+_COUNTER_AT_END = re.compile(r"-(?:epoch|step)-[0-9]{8}$")
 
 
 def _sha256(path: str) -> str:
@@ -219,23 +223,53 @@ def _sha256(path: str) -> str:
     return digest.hexdigest()
 
 
-def _verified_checkpoint(path: str) -> bool:
-    """Whether ``path`` is a hat-ignite checkpoint whose name's hash is its verified content hash.
+def _content_hash_of_checkpoint(path: str) -> str | None:
+    """The verified content hash of a checkpoint hat-ignite wrote, else ``None``.
 
     hat-ignite names its checkpoints after the hash of what they hold (the same bytes for the
-    same state, whatever the zip container), not after the file's SHA-256;
-    :func:`~hat_ignite.checkpoint.loading.load_checkpoint` recomputes that hash and checks
-    it against the name.
+    same state, whatever the zip container), not after the file's SHA-256, and record it in the
+    file; it is recomputed here from what the file holds: ``None`` for a checkpoint whose content does
+    not match it, and for any other file.
     """
-    from hat_ignite.checkpoint.hashing import HASH_KEY
+    from hat_ignite.checkpoint.hashing import HASH_KEY, content_hash
     from hat_ignite.checkpoint.loading import load_checkpoint
     from hat_ignite.errors import CheckpointError
 
-    try:
-        saved = load_checkpoint(path)
+    try:  # the name is judged by the caller: only the content is checked against the recorded hash here
+        saved = load_checkpoint(path, check_hash=False)
     except (CheckpointError, OSError):
-        return False
-    return isinstance(saved, dict) and isinstance(saved.get(HASH_KEY), str)
+        return None
+    recorded = saved.get(HASH_KEY) if isinstance(saved, dict) else None
+    if not isinstance(recorded, str):
+        return None
+    try:
+        actual = content_hash(saved)
+    except TypeError:  # a value no checkpoint of hat-ignite's holds
+        return None
+    return recorded if actual == recorded else None
+
+
+def _check_named_hash(path: str, named: str) -> None:
+    """Refuse ``path`` unless ``named``, the hash in its name, starts its content's hash.
+
+    The content's hash is the file's SHA-256 (HAT's names) or, for a checkpoint hat-ignite
+    wrote, its verified content hash (hat-ignite's names), whatever the name's form: periodic,
+    ``best``, ``last``, with or without a prefix.
+    """
+    sha = _sha256(path)
+    if sha.startswith(named):
+        return
+    content = _content_hash_of_checkpoint(path)
+    if content is not None and content.startswith(named):
+        return
+    width = len(named)
+    found = f"its SHA-256 starts with {sha[:width]!r}"
+    if content is not None:
+        found += f" and its content hash (what hat-ignite names checkpoints after) with {content[:width]!r}"
+    raise ValueError(
+        f"{os.path.abspath(path)} does not match the hash in its name: the name carries {named!r}, {found}. "
+        f"The file is damaged, was renamed or is not the one saved. Use a good copy, or check_hash=False."
+    )
 
 
 def get_hash_file_if_hashed_and_local(in_file: str, check_hash: bool = True) -> str:
@@ -244,12 +278,17 @@ def get_hash_file_if_hashed_and_local(in_file: str, check_hash: bool = True) -> 
     HAT saves checkpoints as ``float-checkpoint-best-1d3765fc.pth.tar`` and configs name them
     ``float-checkpoint-best.pth.tar``. A path with a scheme (``hdfs://``, ``http://``) is returned
     as it is. When ``in_file`` does not exist, a file of its directory named
-    ``<name>-<hex>.<ext>`` is used; with ``check_hash``, its content's SHA-256 must start with
-    that hex, or, for a checkpoint hat-ignite wrote, its verified content hash (what hat-ignite
-    names checkpoints after).
+    ``<name>-<hex>.<ext>`` is used (its name starts with ``<name>``: ``checkpoint-best.pth.tar``
+    never resolves to ``float-checkpoint-best-<hex>.pth.tar``). With ``check_hash``, the hex in the
+    name of the file found, or the 8 hex digits ending the name of an ``in_file`` that exists
+    (``float-checkpoint-best-1d3765fc.pth.tar``), must start the content's hash: the file's
+    SHA-256, or, for a checkpoint hat-ignite wrote, its verified content hash (what hat-ignite
+    names checkpoints after). Every form of name is checked alike: periodic, ``best``, ``last``,
+    with or without a prefix.
 
     Raises:
-        ValueError: neither the file nor a hashed one exists, or the hash does not match.
+        ValueError: neither the file nor a hashed one exists, or the hash does not match (the
+            message names the name's hash and the content's).
     """
     in_file = str(in_file)
     if _REMOTE.match(in_file):
@@ -258,25 +297,25 @@ def get_hash_file_if_hashed_and_local(in_file: str, check_hash: bool = True) -> 
     ext = _EXTENSION.search(name).group(0)  # type: ignore[union-attr]  # matches at least ""
     stem = name[: len(name) - len(ext)]
     pattern = re.compile(re.escape(stem) + r"-([a-f0-9]*)\.")
+    named = ""
     if os.path.exists(in_file):
         found = name
+        own = _HASH_AT_END.search(stem)
+        if own and not _COUNTER_AT_END.search(stem):
+            named = own.group(1)
     else:
         found = ""
         for candidate in sorted(os.listdir(directory or ".")):
-            if pattern.search(candidate):
-                found = candidate
+            match = pattern.match(candidate)
+            if match:
+                found, named = candidate, match.group(1)
         if not found:
             raise ValueError(
                 f"{os.path.abspath(in_file)} does not exist, nor a hashed file {stem}-<sha256>{ext} next to it."
             )
     path = os.path.join(directory, found)
-    match = pattern.search(found)
-    if check_hash and match and match.group(1):
-        if not _sha256(path).startswith(match.group(1)) and not _verified_checkpoint(path):
-            raise ValueError(
-                f"The SHA-256 of {os.path.abspath(path)} does not start with {match.group(1)!r}, the hash in its "
-                f"name: the file is damaged or not the one saved. Use a good copy, or check_hash=False."
-            )
+    if check_hash and named:
+        _check_named_hash(path, named)
     elif check_hash:
         logger.warning("%s has no hash in its name; its content is not checked.", path)
     return path

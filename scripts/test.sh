@@ -5,6 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh test
 rc=0
-.venv/bin/python -m pytest -q --file-progress "$@" || rc=$?  # a line per test file (conftest.py)
+# -n auto: one pytest-xdist worker per core, each given its share of the cores (conftest.py);
+# --dist loadfile: a file's tests run in one worker, so a module's fixtures are made once; a line
+# per test file as each file finishes (conftest.py)
+.venv/bin/python -m pytest -q --file-progress -n auto --dist loadfile "$@" || rc=$?
 .venv/bin/python -m mypy hat_ignite || rc=$((rc ? rc : 1))
 exit "$rc"

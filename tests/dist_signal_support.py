@@ -17,6 +17,7 @@ import sys
 import time
 
 from resume_support import CONFIG, ROOT
+from conftest import time_limit
 
 TESTS = pathlib.Path(__file__).resolve().parent
 
@@ -68,7 +69,7 @@ def run_job(config: pathlib.Path, work_dir: pathlib.Path, *args: str, env: dict[
     """Run a 2-process job to its end; kill its process group if it outlives ``timeout``."""
     proc = start_job(config, work_dir, *args, env=env)
     try:
-        _, err = proc.communicate(timeout=timeout)
+        _, err = proc.communicate(timeout=time_limit(timeout))
     finally:
         kill_group(proc)
     return subprocess.CompletedProcess(proc.args, proc.returncode, "", err)
@@ -80,19 +81,19 @@ def kill_group(proc: subprocess.Popen) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-    proc.wait(timeout=10)
+    proc.wait(timeout=time_limit(10))
 
 
 def read_until(proc: subprocess.Popen, text: str, timeout: float = 90) -> list[str]:
     """The job's stderr lines up to the first one containing ``text``."""
     assert proc.stderr is not None
     lines: list[str] = []
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + time_limit(timeout)
     for line in proc.stderr:
         lines.append(line)
         if text in line:
             return lines
-        assert time.monotonic() < deadline, f"no {text!r} within {timeout} s:\n{''.join(lines[-30:])}"
+        assert time.monotonic() < deadline, f"no {text!r} within {time_limit(timeout):.0f} s:\n{''.join(lines[-30:])}"
     raise AssertionError(f"the job ended before {text!r}:\n{''.join(lines[-30:])}")
 
 
@@ -113,7 +114,7 @@ def _parent(pid: int) -> int | None:
 
 def rank_pids(launcher: int, timeout: float = 60) -> list[int]:
     """The pids of the job's two rank processes (spawned children of ``launcher``), in start order."""
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + time_limit(timeout)
     while True:
         children = sorted(
             int(p.name) for p in pathlib.Path("/proc").iterdir()
@@ -121,7 +122,7 @@ def rank_pids(launcher: int, timeout: float = 60) -> list[int]:
         )
         if len(children) == 2:
             return children
-        assert time.monotonic() < deadline, f"the job did not start 2 ranks within {timeout} s: {children}"
+        assert time.monotonic() < deadline, f"the job did not start 2 ranks within {time_limit(timeout):.0f} s: {children}"
         time.sleep(0.2)
 
 
@@ -144,7 +145,7 @@ def survivors(pgid: int, grace: float = 5.0) -> list[str]:
     Multiprocessing's resource tracker leaves a moment after the launching process (when it
     reads the end of its pipe), hence the grace.
     """
-    deadline = time.monotonic() + grace
+    deadline = time.monotonic() + time_limit(grace)
     while True:
         members = group_members(pgid)
         if not members or time.monotonic() > deadline:

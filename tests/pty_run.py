@@ -10,6 +10,7 @@ import subprocess
 import termios
 import threading
 from typing import Sequence
+from conftest import time_limit
 
 
 def run_on_a_pty(cmd: Sequence[str], cwd, rows: int, columns: int, stdout_too: bool = True,
@@ -36,7 +37,7 @@ def run_on_a_pty(cmd: Sequence[str], cwd, rows: int, columns: int, stdout_too: b
     reader = threading.Thread(target=drain, daemon=True)
     reader.start()
     try:
-        code = proc.wait(timeout=timeout)
+        code = proc.wait(timeout=time_limit(timeout))
     finally:
         proc.kill()
     reader.join(timeout=10)

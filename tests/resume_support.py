@@ -31,6 +31,7 @@ import textwrap
 from typing import Any, Iterator
 
 import torch
+from conftest import time_limit
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 STEPS_PER_EPOCH, EPOCHS = 6, 3
@@ -140,7 +141,7 @@ def hat_train(config: pathlib.Path, work_dir: pathlib.Path, *args: str, env: dic
     """Run ``bin/hat-train`` in a new process and wait for it."""
     return subprocess.run(
         [sys.executable, str(ROOT / "bin" / "hat-train"), str(config), "--work-dir", str(work_dir), *args],
-        cwd=work_dir.parent, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})},
+        cwd=work_dir.parent, capture_output=True, text=True, timeout=time_limit(timeout), env={**os.environ, **(env or {})},
     )
 
 

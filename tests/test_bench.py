@@ -6,13 +6,13 @@ import importlib.util
 import subprocess
 import sys
 
-from conftest import ROOT
+from conftest import ROOT, time_limit
 
 
 def test_quick_benchmark_prints_every_variant_row():
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "engine_overhead.py"), "--quick"],
-        cwd=ROOT, capture_output=True, text=True, timeout=400,
+        cwd=ROOT, capture_output=True, text=True, timeout=time_limit(400),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
@@ -43,7 +43,7 @@ def test_quick_startup_benchmark_prints_every_figure_for_both_trees():
     """bench/startup.py end to end, this tree against itself given as a directory (no git needed)."""
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "startup.py"), "--quick", "--before", str(ROOT)],
-        cwd=ROOT, capture_output=True, text=True, timeout=400,
+        cwd=ROOT, capture_output=True, text=True, timeout=time_limit(400),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     tables = proc.stdout.split("### ")

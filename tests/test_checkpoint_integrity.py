@@ -34,6 +34,7 @@ from hat_ignite.callbacks.checkpoint_io import (
 from hat_ignite.callbacks.checkpoint_state import LoadCheckpoint, resume_from
 from hat_ignite.engine import BasicBatchProcessor, Trainer, collect_loss_by_index
 from hat_ignite.errors import CheckpointError
+from conftest import time_limit
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -113,7 +114,7 @@ def test_sigkill_during_large_writes_keeps_the_previous_checkpoint(tmp_path, cap
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     saved: list[str] = []
     try:
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + time_limit(90)
         while len(saved) < 3 and time.monotonic() < deadline:  # a few complete saves first
             line = proc.stdout.readline()
             if line.startswith("SAVED"):
@@ -123,11 +124,11 @@ def test_sigkill_during_large_writes_keeps_the_previous_checkpoint(tmp_path, cap
             pass
         killed_mid_write = bool(_temp_files(save_dir))
         proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
+        proc.wait(timeout=time_limit(30))
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.wait(timeout=30)
+            proc.wait(timeout=time_limit(30))
         proc.stdout.close()
     assert killed_mid_write and proc.returncode == -signal.SIGKILL
     # every finished file loads and matches its recorded hash; last is one of the announced saves

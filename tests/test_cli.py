@@ -11,7 +11,7 @@ import sys
 
 import pytest
 import torch
-from conftest import DIGITS_CONFIG, ROOT, run_tool
+from conftest import DIGITS_CONFIG, ROOT, run_tool, time_limit
 
 from hat_ignite.cli import predict as predict_cli
 from hat_ignite.cli import train as train_cli
@@ -213,7 +213,7 @@ def test_sigterm_stops_at_a_step_boundary_and_keeps_a_last_checkpoint(tmp_path):
             if "Epoch[1] last loss=" in line:
                 break
         proc.send_signal(signal.SIGTERM)
-        proc.communicate(timeout=60)
+        proc.communicate(timeout=time_limit(60))
     finally:
         proc.kill()
     assert proc.returncode == 143

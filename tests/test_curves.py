@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import DIGITS_CONFIG, ROOT, run_tool
+from conftest import DIGITS_CONFIG, ROOT, run_tool, time_limit
 from pty_run import run_on_a_pty
 
 from hat_ignite.cli import curves as curves_cli
@@ -135,7 +135,7 @@ def test_without_matplotlib_hat_train_trains_and_one_line_names_the_extra(tmp_pa
     work_dir = tmp_path / "wd"
     proc = subprocess.run(
         [sys.executable, "-c", _NO_MATPLOTLIB.format("train"), str(DIGITS_CONFIG), "--work-dir", str(work_dir),
-         "--opts", "float_trainer.num_epochs=1"], cwd=tmp_path, capture_output=True, text=True, timeout=240,
+         "--opts", "float_trainer.num_epochs=1"], cwd=tmp_path, capture_output=True, text=True, timeout=time_limit(240),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [line for line in proc.stderr.splitlines() if "matplotlib is" in line or "hat-ignite[" in line]
@@ -149,7 +149,7 @@ def test_without_matplotlib_hat_train_trains_and_one_line_names_the_extra(tmp_pa
 def test_without_matplotlib_hat_curves_is_an_error_naming_the_extra(run, tmp_path):
     work_dir, _ = run
     proc = subprocess.run([sys.executable, "-c", _NO_MATPLOTLIB.format("curves"), str(work_dir), "--out",
-                           str(tmp_path / "c.png")], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+                           str(tmp_path / "c.png")], cwd=tmp_path, capture_output=True, text=True, timeout=time_limit(120))
     assert proc.returncode == 1
     assert proc.stderr.strip() == ("hat-curves: error: drawing training curves needs matplotlib, which is not "
                                    "installed: pip install 'hat-ignite[curves]'. (run again with --debug for the "

@@ -18,6 +18,7 @@ import time
 
 import pytest
 import torch
+from conftest import time_limit
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "classification" / "digits_mlp.py"
@@ -51,7 +52,7 @@ def env() -> dict[str, str]:
 
 def run(config: pathlib.Path, work_dir: pathlib.Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(command(config, work_dir, *args), cwd=work_dir.parent, capture_output=True, text=True,
-                          timeout=300, env=env())
+                          timeout=time_limit(300), env=env())
 
 
 def start_hung(config: pathlib.Path, hang: pathlib.Path, work_dir: pathlib.Path) -> tuple[subprocess.Popen, pathlib.Path]:
@@ -60,7 +61,7 @@ def start_hung(config: pathlib.Path, hang: pathlib.Path, work_dir: pathlib.Path)
     log = work_dir.parent / f"{work_dir.name}.log"
     proc = subprocess.Popen(command(config, work_dir), cwd=work_dir.parent, stdout=subprocess.DEVNULL,
                             stderr=log.open("w"), env=env())
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + time_limit(120)
     while "No batch from the data loader" not in log.read_text():
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
@@ -84,7 +85,7 @@ def alive(pid: int) -> bool:
 
 def wait_exit(proc: subprocess.Popen, seconds: float) -> int | None:
     try:
-        return proc.wait(timeout=seconds)
+        return proc.wait(timeout=time_limit(seconds))
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
@@ -179,7 +180,7 @@ os._exit(0)  # the parent dies without releasing: only the kernel drops its lock
 def test_a_forked_child_does_not_inherit_the_lock(tmp_path):
     from hat_ignite.cli.workdir_lock import WorkDirLock
 
-    done = subprocess.run([sys.executable, "-c", HOLDER, str(tmp_path)], capture_output=True, text=True, timeout=60,
+    done = subprocess.run([sys.executable, "-c", HOLDER, str(tmp_path)], capture_output=True, text=True, timeout=time_limit(60),
                           env=env())
     assert done.returncode == 0, done.stderr
     child = int(done.stdout.split()[0])

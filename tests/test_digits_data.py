@@ -7,7 +7,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import ROOT
+from conftest import ROOT, time_limit
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
@@ -53,6 +53,6 @@ def test_a_split_too_small_for_every_class_is_an_error():
 def test_the_dataset_needs_neither_scikit_learn_nor_scipy():
     code = ("import sys; from hat_ignite.data import DigitsDataset; d = DigitsDataset('train'); "
             "print(len(d), 'sklearn' in sys.modules, 'scipy' in sys.modules)")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=time_limit(120), cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["1437", "False", "False"]

@@ -19,6 +19,7 @@ import sys
 import textwrap
 
 import pytest
+from conftest import time_limit
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DIGITS = ROOT / "configs" / "classification" / "digits_mlp.py"
@@ -89,7 +90,7 @@ def _train(config: pathlib.Path, work_dir: pathlib.Path, env: dict[str, str]) ->
     return subprocess.run(
         [sys.executable, str(ROOT / "bin" / "hat-train"), str(config), "--work-dir", str(work_dir),
          "--opts", "float_trainer.num_epochs=2"],
-        cwd=work_dir.parent, capture_output=True, text=True, timeout=180, env={**os.environ, **env},
+        cwd=work_dir.parent, capture_output=True, text=True, timeout=time_limit(180), env={**os.environ, **env},
     )
 
 
@@ -203,7 +204,7 @@ def test_each_end_of_run_writer_names_its_file_and_leaves_no_temp_file(tmp_path,
     script = tmp_path / "writer.py"
     script.write_text(END_WRITERS)
     run = subprocess.run([sys.executable, str(script), str(work_dir), which, str(work_dir / "tensorboard")],
-                         capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                         capture_output=True, text=True, timeout=time_limit(120), env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert run.returncode == 1, run.stdout + run.stderr[-2000:]
     assert f"cannot write {'the resolved config ' if which == 'config' else 'the training curves ' if which == 'curves' else ''}" \
            f"{work_dir / name}: File too large" in run.stdout, run.stdout

@@ -36,6 +36,7 @@ from dist_signal_support import (
     write_dist_config,
 )
 from resume_support import ROOT, differences, load
+from conftest import time_limit
 
 RUN_SPECIFIC = (".versions", ".content_sha256")
 DIST_STEPS = 9  # 96 points, 16 per process and step, 2 processes, 3 epochs
@@ -64,7 +65,7 @@ def _resume_with(command: str, cwd, env: dict[str, str]) -> subprocess.Completed
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=job_env(env),
                             start_new_session=True)
     try:
-        _, err = proc.communicate(timeout=120)
+        _, err = proc.communicate(timeout=time_limit(120))
     finally:
         kill_group(proc)
     return subprocess.CompletedProcess(argv, proc.returncode, "", err)
@@ -82,7 +83,7 @@ def _hit_after_first_save(proc: subprocess.Popen, hit: Callable[[list[int]], Non
         lines = read_until(proc, "Saved checkpoint")
         sent = time.monotonic()
         hit(ranks)
-        _, rest = proc.communicate(timeout=STOP_LIMIT_S + 30)
+        _, rest = proc.communicate(timeout=time_limit(STOP_LIMIT_S + 30))
         took = time.monotonic() - sent
         members = survivors(proc.pid)
     finally:
@@ -111,7 +112,7 @@ def test_a_signal_stops_every_rank_at_the_same_step_with_a_resumable_checkpoint(
 
     err, took, ranks, members = _hit_after_first_save(proc, send)
     assert proc.returncode == 128 + signum, err[-3000:]
-    assert took < STOP_LIMIT_S, took
+    assert took < time_limit(STOP_LIMIT_S), took
     assert not any(alive(pid) for pid in ranks) and members == [], members
     name = signal.Signals(signum).name
     match = re.search(rf"stopped by {name} after global step (\d+); resumable checkpoint: (\S+)\. "
@@ -140,7 +141,7 @@ def test_a_sigkilled_rank_ends_the_job_without_orphans(tmp_path):
     proc = start_job(config, tmp_path / "wd", env={"STEP_SLEEP": "0.4", "RANKS_DIR": str(tmp_path / "ranks")})
     err, took, ranks, members = _hit_after_first_save(proc, lambda ranks: os.kill(ranks[1], signal.SIGKILL))
     assert proc.returncode not in (0, None), err[-3000:]
-    assert took < STOP_LIMIT_S, took
+    assert took < time_limit(STOP_LIMIT_S), took
     assert not any(alive(pid) for pid in ranks) and members == [], members
     assert "SIGKILL" in err, err[-3000:]  # the launcher names how the rank died
 
@@ -153,7 +154,7 @@ def test_a_sigkilled_job_resumed_on_2_processes_is_bitwise_equal(tmp_path, strai
     try:
         read_until(proc, "checkpoint-step-3-")  # global step 3: inside epoch 1 (3 steps per epoch)
         os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
+        proc.wait(timeout=time_limit(30))
     finally:
         kill_group(proc)
     assert proc.returncode == -signal.SIGKILL
@@ -181,7 +182,7 @@ def test_resuming_with_another_number_of_processes_is_refused(tmp_path, straight
     one = subprocess.run(
         [sys.executable, str(ROOT / "bin" / "hat-train"), str(config), "--work-dir", str(work_dir),
          "--resume", str(saved)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        cwd=tmp_path, capture_output=True, text=True, timeout=time_limit(120),
     )
     assert one.returncode == 1, one.stderr[-3000:]
     assert (f"Checkpoint {saved} was written by a run of 2 training process(es), but this run has 1" in one.stderr

@@ -17,7 +17,7 @@ import textwrap
 
 import pytest
 import torch
-from conftest import ROOT
+from conftest import ROOT, time_limit
 
 from hat_ignite.engine.launcher import free_port
 
@@ -33,11 +33,11 @@ def run(cmd: list[str], cwd: pathlib.Path, timeout: float = TIMEOUT) -> subproce
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
-        out, err = proc.communicate(timeout=timeout)
+        out, err = proc.communicate(timeout=time_limit(timeout))
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
-        pytest.fail(f"{cmd} did not finish within {timeout} s (a hang):\n{err[-3000:]}")
+        pytest.fail(f"{cmd} did not finish within {time_limit(timeout):.0f} s (a hang):\n{err[-3000:]}")
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
@@ -140,7 +140,7 @@ def test_two_nodes_started_separately_train_together(two_process_run, tmp_path):
     outputs = []
     try:
         for node in nodes:
-            outputs.append(node.communicate(timeout=TIMEOUT))
+            outputs.append(node.communicate(timeout=time_limit(TIMEOUT)))
     except subprocess.TimeoutExpired:
         pytest.fail("a two-node run did not finish (a hang)")
     finally:

@@ -7,7 +7,7 @@ import sys
 import textwrap
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, time_limit
 
 from hat_ignite.hat_alias import hat_alias_installed, install_hat_alias, uninstall_hat_alias
 
@@ -16,7 +16,7 @@ def _run_python(code: str, *path: str) -> subprocess.CompletedProcess:
     """``code`` in a fresh interpreter with the repository (and ``path``) importable."""
     env_path = ":".join([str(ROOT), *path])
     return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=60,
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=time_limit(60),
         env={"PYTHONPATH": env_path, "PATH": "/usr/bin:/bin"},
     )
 
@@ -171,7 +171,7 @@ def test_the_command_line_says_which_hat_it_uses(tmp_path, write_config):
     # the config loads with the real hat, then the stage fails to build (no model): the log says which hat
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bin" / "hat-predict"), "-c", str(config), "--work-dir", str(tmp_path / "w")],
-        capture_output=True, text=True, timeout=120, env=env,
+        capture_output=True, text=True, timeout=time_limit(120), env=env,
     )
     assert proc.returncode == 1
     assert f"hat.* imports use the installed HAT package at {real / '__init__.py'}" in proc.stderr

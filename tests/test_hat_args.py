@@ -27,6 +27,7 @@ from hat_ignite.engine import BasicBatchProcessor, Calibrator, Trainer, collect_
 from hat_ignite.errors import CheckpointError
 from hat_ignite.profiler import SimpleProfiler
 from hat_ignite.registry import build_from_cfg
+from conftest import time_limit
 
 X, Y = load_digits(return_X_y=True)
 
@@ -362,7 +363,7 @@ def test_only_save_ddp_saves_the_ddp_submodules_with_plain_keys_and_ddp_takes_a_
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     script = DDP_SCRIPT.format(tests=str(Path(__file__).parent), out=str(tmp_path))
-    proc = subprocess.run([sys.executable, "-c", script, str(port)], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", script, str(port)], capture_output=True, text=True, timeout=time_limit(120))
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [line for line in proc.stdout.splitlines() if line.startswith(("False", "True"))]
     assert lines == [

@@ -9,7 +9,7 @@ import sys
 import textwrap
 
 import pytest
-from conftest import ROOT, run_tool
+from conftest import ROOT, run_tool, time_limit
 
 from hat_ignite.cli import train as train_cli
 from hat_ignite.cli.common import make_parser, parse_arguments
@@ -171,7 +171,7 @@ def test_hat_command_line_trains_a_hat_style_config(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bin" / "hat-train"), "-c", str(config), "-s", "float",
          "--work-dir", str(work_dir), "--opts", "float_trainer.num_epochs", "1"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env,
+        cwd=tmp_path, capture_output=True, text=True, timeout=time_limit(300), env=env,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "hat.* imports are served by hat-ignite" in proc.stderr
@@ -190,7 +190,7 @@ def test_hat_command_line_trains_a_hat_style_config(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bin" / "hat-predict"), "--stage", "float", "--config", str(config),
          "--work-dir", str(work_dir)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env,
+        cwd=tmp_path, capture_output=True, text=True, timeout=time_limit(300), env=env,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     predicted = json.loads((work_dir / "metrics.json").read_text())["float_predict"]

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import textwrap
 
-from conftest import ROOT
+from conftest import ROOT, time_limit
 
 TOY_MODULES = '''
 import json
@@ -269,7 +269,7 @@ def _run(tool: str, config: pathlib.Path, root: pathlib.Path, *args: str) -> sub
     env = {"PATH": "/usr/bin:/bin", "HAT_TEST_OUT": str(root), "PYTHONPATH": f"{ROOT}:{root}"}
     return subprocess.run([sys.executable, str(ROOT / "bin" / tool), "-c", str(config), "-s", "float",
                            "--work-dir", str(root / "work"), *args],
-                          cwd=root, capture_output=True, text=True, timeout=300, env=env)
+                          cwd=root, capture_output=True, text=True, timeout=time_limit(300), env=env)
 
 
 def _accuracies(log: str, prefix: str) -> dict[str, float]:

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import torch
-from conftest import ROOT
+from conftest import ROOT, time_limit
 from hat_project import CONFIG_PATH, project_env, write_hat_project
 
 from hat_ignite.callbacks.checkpoint_io import load_checkpoint
@@ -22,7 +22,7 @@ def test_a_hat_project_runs_every_stage_through_the_command_line(tmp_path):
     def run(tool: str, stage: str, *extra: str) -> str:
         proc = subprocess.run(
             [sys.executable, str(ROOT / "bin" / tool), "-c", str(CONFIG_PATH), "-s", stage, "--work-dir", "work", *extra],
-            cwd=tmp_path, env=project_env(tmp_path, stage), capture_output=True, text=True, timeout=300,
+            cwd=tmp_path, env=project_env(tmp_path, stage), capture_output=True, text=True, timeout=time_limit(300),
         )
         assert proc.returncode == 0, f"{tool} -s {stage}:\n{proc.stderr[-4000:]}"
         return proc.stderr

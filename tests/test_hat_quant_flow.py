@@ -33,7 +33,7 @@ from hat_ignite.quantization import (
     prepared_modules,
 )
 
-from conftest import ROOT
+from conftest import ROOT, time_limit
 
 
 class HatNet(nn.Module):
@@ -79,6 +79,18 @@ def calibrate(tmp_path, uint8: bool = False) -> Calibrator:
     return engine
 
 
+def activation_ranges(model: nn.Module) -> dict[str, tuple[float, float]]:
+    """The range each activation observer holds, by prepared module and observer (weights excluded:
+    their per-channel observers take the weights' ranges when the model is prepared)."""
+    return {f"{m.qname}.{name}": (float(fq.activation_post_process.min_val), float(fq.activation_post_process.max_val))
+            for m in prepared_modules(model) for name, fq in m.named_modules()
+            if hasattr(fq, "activation_post_process") and fq.activation_post_process.min_val.numel() == 1}
+
+
+def parameters(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {name: p.detach().clone() for name, p in model.named_parameters()}
+
+
 def test_converters_trace_with_the_batch_as_the_model_receives_it(tmp_path):
     """A uint8 image pipeline converted by the batch processor's batch_transforms, and a
     MultiBatchProcessor step of several batches (a tuple): the converter traces with each batch as
@@ -102,9 +114,15 @@ def test_converters_trace_with_the_batch_as_the_model_receives_it(tmp_path):
 
 def test_a_model_computing_its_loss_in_forward_trains_in_qat_after_hat_converter_lines(tmp_path):
     """HAT's Float2Calibration + Float2QAT + LoadCheckpoint, no module names: the network is
-    prepared, the loss and the model's own forward stay in Python, so QAT trains on the losses the
-    model returns in training."""
-    calibrate(tmp_path)
+    prepared, calibration records the activations' ranges, QAT starts from them, and the loss and
+    the model's own forward stay in Python, so QAT trains the weights on the losses the model
+    returns in training."""
+    calibrated = calibrate(tmp_path)
+    ranges = activation_ranges(calibrated.model)
+    assert sorted(ranges) == ["backbone.graph.activation_post_process_0", "head.graph.activation_post_process_0"]
+    # the backbone's input is the data scaled to [0, 1], the head's the backbone's ReLU output
+    (low, high), (head_low, head_high) = ranges.values()
+    assert low == 0.0 and 0.99 < high <= 1.0 and head_low == 0.0 and 0.1 < head_high < 10.0
     qat = Trainer(
         model=HatNet(), data_loader=DataLoader(images(), batch_size=8, shuffle=True),
         model_convert_pipeline=ModelConvertPipeline(qat_mode="fuse_bn", converters=[
@@ -116,8 +134,15 @@ def test_a_model_computing_its_loss_in_forward_trains_in_qat_after_hat_converter
     )
     assert {m.qname: m.stage for m in prepared_modules(qat.model)} == {"backbone": "qat", "head": "qat"}
     assert type(qat.model.loss) is nn.CrossEntropyLoss
+    assert activation_ranges(qat.model) == ranges  # QAT starts from the calibrated ranges
+    before = parameters(qat.model)
+    # the conv (its BatchNorm folded in: qat_mode="fuse_bn") and the linear layer
+    assert sorted(before) == ["backbone.graph.0.weight", "backbone.graph.0.weight_bias", "head.graph.1.bias",
+                              "head.graph.1.weight"]
     qat.fit()
     assert qat.state.iteration == 4 and torch.isfinite(qat.state.losses[0])
+    after = parameters(qat.model)
+    assert all(not torch.equal(after[name], before[name]) for name in before), "QAT left a weight unchanged"
 
 
 class TwoFaced(nn.Module):
@@ -230,7 +255,7 @@ def test_convert_submodule_list_names_the_users_modules_after_qat_preparation(tm
     script = tmp_path / "ddp.py"
     script.write_text(DDP_SCRIPT.format(tests=str(ROOT / "tests")))
     proc = subprocess.run(
-        [sys.executable, str(script), str(port)], capture_output=True, text=True, timeout=240,
+        [sys.executable, str(script), str(port)], capture_output=True, text=True, timeout=time_limit(240),
         env=dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1"),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -338,5 +363,14 @@ def test_a_multitask_model_prepares_its_backbone_and_each_task_head(tmp_path):
         device=None, num_epochs=1,
     )
     assert sorted(m.qname for m in prepared_modules(qat.model)) == ["backbone", "task1", "task2"]
+    before = parameters(qat.model)
+    assert {name.split(".")[0] for name in before} == {"backbone", "task1", "task2"}
+    assert all(low > high for low, high in activation_ranges(qat.model).values())  # nothing observed yet
     qat.fit()
     assert qat.state.iteration == 4
+    # every step trains the shared backbone and both heads, and each prepared part observed its input
+    after = parameters(qat.model)
+    assert all(not torch.equal(after[name], before[name]) for name in before), "QAT left a weight unchanged"
+    ranges = activation_ranges(qat.model)
+    assert {name.split(".")[0] for name in ranges} == {"backbone", "task1", "task2"}
+    assert all(0.0 <= low < high for low, high in ranges.values())

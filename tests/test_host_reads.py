@@ -19,6 +19,7 @@ from torch import nn
 from hat_ignite.config import Config
 from hat_ignite.engine import BasicBatchProcessor, Trainer, collect_loss_by_index
 from host_reads import HostReads
+from conftest import time_limit
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TESTS = ROOT / "tests"
@@ -161,7 +162,7 @@ def test_the_shipped_digits_config_reads_only_at_log_steps(tmp_path):
 @pytest.mark.parametrize("name", ["fused SGD", "SGD momentum", "AdamW"])
 def test_a_two_process_gloo_run_reads_nothing_beyond_the_optimizer_itself(tmp_path, name):
     proc = subprocess.run([sys.executable, str(TESTS / "host_reads_dist.py"), "count", str(tmp_path), name],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=240)
+                          cwd=tmp_path, capture_output=True, text=True, timeout=time_limit(240))
     assert proc.returncode == 0, proc.stderr[-4000:]
     own = _optimizer_own_reads(OPTIMIZERS[name], 36)[5:36]  # steps 6..35, as counted there
     for rank in (0, 1):

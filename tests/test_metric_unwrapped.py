@@ -9,6 +9,7 @@ import torch
 from ignite.metrics import Precision as IgnitePrecision
 from sklearn.metrics import precision_score, recall_score
 from torch.utils.data import DataLoader, Subset
+from torchmetrics.classification import MulticlassPrecision
 
 from hat_ignite.callbacks import MetricUpdater
 from hat_ignite.data.digits import DigitsDataset
@@ -55,10 +56,9 @@ def warnings_of(caplog):
 
 
 def test_an_unwrapped_torchmetrics_metric_is_warned_about_once(model, caplog):
-    classification = pytest.importorskip("torchmetrics.classification")
     precision, recall = reference(model)
     assert abs(precision - recall) > 0.01  # the two differ on this model
-    metric = classification.MulticlassPrecision(num_classes=10, average="macro")
+    metric = MulticlassPrecision(num_classes=10, average="macro")
     with caplog.at_level(logging.WARNING):
         values = predict(model, [metric, Accuracy()], hat_order_class_ids, runs=2)
     # what the warning is about: called in HAT's order, torchmetrics' precision is the recall
@@ -68,7 +68,7 @@ def test_an_unwrapped_torchmetrics_metric_is_warned_about_once(model, caplog):
     assert "update(preds, target)" in message and "MetricAdapter(MulticlassPrecision(...)" in message
 
     caplog.clear()
-    wrapped = MetricAdapter(classification.MulticlassPrecision(num_classes=10, average="macro"), name="precision")
+    wrapped = MetricAdapter(MulticlassPrecision(num_classes=10, average="macro"), name="precision")
     with caplog.at_level(logging.WARNING):
         values = predict(model, [wrapped], hat_order_class_ids)
     assert values["precision"] == pytest.approx(precision, abs=1e-6)

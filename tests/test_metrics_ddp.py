@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import time_limit
 
 sys.path.insert(0, str(Path(__file__).parent))
 from metrics_ddp_worker import metric_values  # noqa: E402
@@ -20,7 +21,7 @@ def test_two_process_metrics_equal_the_single_process_values(tmp_path):
     out_file = tmp_path / "values.pt"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).parents[1]))
     proc = subprocess.run([sys.executable, str(WORKER), str(out_file)], capture_output=True, text=True,
-                          timeout=180, env=env, start_new_session=True)
+                          timeout=time_limit(180), env=env, start_new_session=True)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     two = torch.load(out_file, weights_only=True)
     one = metric_values(rank=0, world_size=1)

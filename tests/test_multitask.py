@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, Subset
@@ -10,6 +12,7 @@ from hat_ignite.data import DigitsDataset, DigitsParityDataset, MultitaskLoader
 from hat_ignite.engine import (
     DataParallelTrainer,
     DistributedDataParallelTrainer,
+    HatEvents,
     MultiBatchProcessor,
     TaskSampler,
     Trainer,
@@ -114,18 +117,33 @@ def test_multitask_model_trains_both_heads_in_one_process():
     assert acc["digits"] > 0.8 and acc["parity"] > 0.8, acc
 
 
-def test_data_parallel_trainer_on_the_cpu_trains_like_trainer():
+def test_data_parallel_trainer_on_the_cpu_trains_the_given_model_unwrapped_like_trainer(caplog):
+    """On the CPU DataParallel has nothing to split over: the model given is trained as it is (and the
+    log says so), step for step as Trainer trains it."""
+
     def run(cls):
         torch.manual_seed(0)
         model = MLPClassifier(hidden_features=16)
+        start = {k: v.clone() for k, v in model.state_dict().items()}
         loader = DataLoader(Subset(DigitsDataset("train"), range(64)), batch_size=16)
-        cls(model=model, data_loader=loader, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-            batch_processor=MultiBatchProcessor(need_grad_update=True, loss_collector=collect_loss_by_index(0)),
-            device=None, num_epochs=1).fit()
-        return model.state_dict()
+        trainer = cls(model=model, data_loader=loader, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                      batch_processor=MultiBatchProcessor(need_grad_update=True,
+                                                          loss_collector=collect_loss_by_index(0)),
+                      device=None, num_epochs=1)
+        losses = []
+        trainer.add_event_handler(HatEvents.STEP_END, lambda engine: losses.append(engine.state.losses[0].detach().clone()))
+        trainer.fit()
+        return trainer, model, start, losses
 
-    a, b = run(Trainer), run(DataParallelTrainer)
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    with caplog.at_level(logging.INFO, logger="hat_ignite.engine.ddp_trainer"):
+        dp, dp_model, start, dp_losses = run(DataParallelTrainer)
+    assert dp.model is dp_model and dp.device_ids == []
+    assert "DataParallelTrainer(device=None): training on the CPU, the model is not wrapped" in caplog.text
+    plain, plain_model, _, plain_losses = run(Trainer)
+    assert len(dp_losses) == 4 and all(torch.equal(a, b) for a, b in zip(dp_losses, plain_losses))
+    trained, reference = dp_model.state_dict(), plain_model.state_dict()
+    assert all(torch.equal(trained[k], reference[k]) for k in reference)
+    assert all(not torch.equal(trained[k], start[k]) for k in start)  # it did train
     with pytest.raises(TypeError, match="list of GPU ids"):
         DataParallelTrainer(model=MLPClassifier(), data_loader=[], optimizer=None, batch_processor=lambda e, b: None,
                             device="0,1", num_epochs=1)

@@ -19,6 +19,7 @@ from hat_ignite.callbacks import CallbackMixin
 from hat_ignite.engine import BasicBatchProcessor, MultiBatchProcessor, Trainer, collect_loss_by_regex
 from hat_ignite.errors import NonFiniteLossError
 from test_nonfinite import Net, batches
+from conftest import time_limit
 
 TESTS = pathlib.Path(__file__).resolve().parent
 OPTIMIZERS = {
@@ -129,7 +130,7 @@ def test_a_new_run_after_the_error_starts_with_clear_flags():
 @pytest.mark.parametrize("optimizer", ["fused SGD", "SGD momentum"])
 def test_a_nan_on_rank_1_only_stops_both_ranks_after_the_same_step(tmp_path, optimizer):
     proc = subprocess.run([sys.executable, str(TESTS / "host_reads_dist.py"), "nan", str(tmp_path), optimizer],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=240)
+                          cwd=tmp_path, capture_output=True, text=True, timeout=time_limit(240))
     assert proc.returncode == 0, proc.stderr[-4000:]
     k = 5  # host_reads_dist.NAN_STEP
     results = [torch.load(tmp_path / f"nan_rank{rank}.pt", weights_only=True) for rank in (0, 1)]

@@ -19,6 +19,7 @@ import sys
 
 import pytest
 import torch
+from conftest import time_limit
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "classification" / "digits_mlp.py"
@@ -33,7 +34,7 @@ def hat_train(work_dir: pathlib.Path, fused: bool) -> subprocess.CompletedProces
             "float_trainer.batch_processor.nonfinite_policy='skip'", "float_trainer.callbacks[4].interval_by=step",
             "float_trainer.callbacks[4].keep_n=None"]
     return subprocess.run([sys.executable, str(ROOT / "bin" / "hat-train"), str(CONFIG), "--work-dir", str(work_dir),
-                           "--opts", *opts], cwd=work_dir.parent, capture_output=True, text=True, timeout=300, env=env)
+                           "--opts", *opts], cwd=work_dir.parent, capture_output=True, text=True, timeout=time_limit(300), env=env)
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["fused-on-device", "plain-blocking"])

@@ -6,6 +6,7 @@ import ast
 import pathlib
 import subprocess
 import sys
+from conftest import time_limit
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -32,14 +33,14 @@ def test_import_has_no_side_effects():
         "assert logging.getLogger().handlers == []\n"
         "print('tensorboardX' in sys.modules)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=time_limit(120), cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"  # optional pieces load only when used
 
 
 def test_engine_import_does_not_pull_callbacks():
     code = "import sys, hat_ignite.engine; print('hat_ignite.callbacks' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=time_limit(120), cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
 
@@ -79,7 +80,7 @@ def test_importing_a_package_imports_none_of_its_modules():
             "print(sorted(m for m in sys.modules if m.startswith('hat_ignite.') and m.count('.') > 1))\n"
             "from hat_ignite.callbacks import Checkpoint\n"
             "print('hat_ignite.callbacks.checkpoint' in sys.modules, 'hat_ignite.callbacks.freeze' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=time_limit(120), cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[:2] == ["[]", "True False"]
 
@@ -90,7 +91,7 @@ def test_hat_train_help_imports_neither_torch_nor_ignite():
     config = ROOT / "configs" / "classification" / "digits_mlp.py"
     code = ("import sys; from hat_ignite.cli.train import main; code = main([sys.argv[1], '--help']); "
             "print(code, 'torch' in sys.modules, 'ignite' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code, str(config)], capture_output=True, text=True, timeout=120,
+    out = subprocess.run([sys.executable, "-c", code, str(config)], capture_output=True, text=True, timeout=time_limit(120),
                          cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert "--stage" in out.stdout and out.stdout.splitlines()[-1] == "0 False False"

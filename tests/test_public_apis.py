@@ -16,6 +16,7 @@ import pytest
 from ignite.engine import Engine
 
 from hat_ignite.engine import Calibrator, Predictor, Trainer
+from conftest import time_limit
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -74,7 +75,7 @@ def test_the_bench_measures_a_tensorboard_point_both_ways():
     import sys
 
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "engine_overhead.py"), "--tb-point", "--quick"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+                          cwd=ROOT, capture_output=True, text=True, timeout=time_limit(120))
     assert proc.returncode == 0, proc.stderr
     rows = [line for line in proc.stdout.splitlines() if line.startswith("| StepScalars (public EventsWriter")
             or line.startswith("| add_scalar")]

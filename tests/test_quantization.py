@@ -31,7 +31,7 @@ from hat_ignite.quantization import (
 )
 from hat_ignite.registry import build_from_cfg
 
-from conftest import ROOT
+from conftest import ROOT, time_limit
 
 
 @pytest.fixture(scope="module")
@@ -139,7 +139,7 @@ def test_int8_model_reloads_in_a_fresh_process_with_identical_outputs(digits, tm
         "    assert torch.equal(model(small), ref['out'][:7])\n"
         "print('identical')\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=time_limit(120), cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().endswith("identical")
 

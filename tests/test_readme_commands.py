@@ -17,7 +17,7 @@ import subprocess
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, time_limit
 
 README = ROOT / "README.md"
 SETUP_BLOCK = ("bash scripts/train_digits.sh", "bash scripts/test.sh")
@@ -48,7 +48,7 @@ def test_the_readme_command_blocks_run_as_written(tmp_path):
     (tmp_path / ".venv").symlink_to(ROOT / ".venv")
     for block in blocks:
         proc = subprocess.run(["bash", "-e", "-c", block], cwd=tmp_path, env=fresh_shell_env(),
-                              capture_output=True, text=True, timeout=300)
+                              capture_output=True, text=True, timeout=time_limit(300))
         assert proc.returncode == 0, f"README block failed:\n{block}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     work_dir = tmp_path / "work_dirs" / "digits_mlp"
     metrics = json.loads((work_dir / "metrics.json").read_text())

@@ -7,7 +7,7 @@ import inspect
 import subprocess
 import sys
 
-from conftest import ROOT
+from conftest import ROOT, time_limit
 
 import hat_ignite.callbacks as callbacks
 
@@ -21,7 +21,7 @@ def _generator():
 
 def test_the_checked_in_pages_are_what_the_script_writes():
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gen_reference.py"), "--check"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+                          cwd=ROOT, capture_output=True, text=True, timeout=time_limit(120))
     assert proc.returncode == 0, proc.stderr  # "not current: ...; run .venv/bin/python scripts/gen_reference.py"
 
 

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from hat_ignite.visualize.event_file import read_scalars
+from conftest import time_limit
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "classification" / "digits_mlp.py"
@@ -35,7 +36,7 @@ def hat_train(work_dir: pathlib.Path, *args: str, kill: dict | None = None) -> s
     return subprocess.run(
         [sys.executable, str(ROOT / "bin" / "hat-train"), str(CONFIG), "--work-dir", str(work_dir), *args,
          "--opts", *opts],
-        cwd=work_dir.parent, capture_output=True, text=True, timeout=300, env=env,
+        cwd=work_dir.parent, capture_output=True, text=True, timeout=time_limit(300), env=env,
     )
 
 

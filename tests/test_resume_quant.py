@@ -19,6 +19,7 @@ import sys
 
 import pytest
 import torch
+from conftest import time_limit
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "classification" / "digits_mlp.py"
@@ -39,7 +40,7 @@ def hat_train(config: pathlib.Path, work_dir: pathlib.Path, stage: str, *opts: s
     args += ["--resume"] if resume else []
     args += ["--opts", "float_trainer.num_epochs=1", f"calibration_trainer.num_steps={CALIBRATION_STEPS}",
              "qat_trainer.num_epochs=1", *opts]
-    return subprocess.run(args, cwd=work_dir.parent, capture_output=True, text=True, timeout=300, env=env)
+    return subprocess.run(args, cwd=work_dir.parent, capture_output=True, text=True, timeout=time_limit(300), env=env)
 
 
 def tensors(path: pathlib.Path) -> dict[str, torch.Tensor]:

@@ -28,6 +28,7 @@ from hat_ignite.cli.resume import saved_at
 from hat_ignite.cli.workdir_lock import LOCK_FILE, WorkDirBusyError, WorkDirLock
 from hat_ignite.errors import CheckpointError
 from resume_support import ROOT, TOTAL_STEPS, load, popen_train, write_config
+from conftest import time_limit
 
 DIGITS = ROOT / "configs" / "classification" / "digits_mlp.py"
 ADAM = "float_trainer.optimizer={'type': 'torch.optim.Adam', 'lr': 0.001, 'params': {'\\\\.bias$': {'weight_decay': 0.0}}}"
@@ -35,7 +36,7 @@ ADAM = "float_trainer.optimizer={'type': 'torch.optim.Adam', 'lr': 0.001, 'param
 
 def _hat_train(*args: str, cwd: pathlib.Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(ROOT / "bin" / "hat-train"), *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=180, env={**os.environ, **(env or {})})
+                          text=True, timeout=time_limit(180), env={**os.environ, **(env or {})})
 
 
 def _read_until(proc: subprocess.Popen, text: str, lines: list[str]) -> None:
@@ -60,7 +61,7 @@ def _second_run_while_the_first_trains(first: subprocess.Popen, config: pathlib.
         _read_until(first, "Saved checkpoint", lines)  # the first run is training and has saved
         second = _hat_train(str(config), "--work-dir", str(work_dir), cwd=cwd)
         assert first.poll() is None, "the first run ended before the second one was refused"
-        rest = first.communicate(timeout=300)[1]
+        rest = first.communicate(timeout=time_limit(300))[1]
     finally:
         first.kill()
     assert second.returncode == 1, second.stderr[-2000:]
@@ -101,7 +102,7 @@ def test_in_a_two_process_run_rank_0_holds_the_lock_for_the_job(tmp_path):
         _read_until(job, "Saved checkpoint", lines)
         holder = json.loads((work_dir / LOCK_FILE).read_text())
         second = _hat_train(str(config), "--work-dir", str(work_dir), cwd=tmp_path)
-        rest = job.communicate(timeout=120)[1]
+        rest = job.communicate(timeout=time_limit(120))[1]
     finally:
         job.kill()
     assert holder["pid"] != job.pid and "--nproc 2" in holder["command"]  # a started rank, not the launcher
@@ -258,7 +259,7 @@ def test_sigterm_skips_the_end_of_training_validation(tmp_path):
         _read_until(proc, "Saved checkpoint", lines)
         proc.send_signal(signal.SIGTERM)
         sent = time.monotonic()
-        rest = proc.communicate(timeout=60)[1]
+        rest = proc.communicate(timeout=time_limit(60))[1]
         seconds = time.monotonic() - sent
     finally:
         proc.kill()

@@ -18,6 +18,7 @@ from hat_ignite.callbacks import SaveTraced
 from hat_ignite.data.digits import DigitsDataset
 from hat_ignite.engine import BasicBatchProcessor, Trainer, collect_loss_by_index
 from hat_ignite.models.mlp import MLPClassifier
+from conftest import time_limit
 
 RELOAD = """
 import sys, torch
@@ -49,7 +50,7 @@ def _reload_in_fresh_process(tmp_path, cases, *paths) -> dict[str, float]:
     data = tmp_path / "cases.pt"
     torch.save(cases, data)
     proc = subprocess.run([sys.executable, "-c", RELOAD, str(data), *map(str, paths)],
-                          capture_output=True, text=True, timeout=180)
+                          capture_output=True, text=True, timeout=time_limit(180))
     assert proc.returncode == 0, proc.stderr[-3000:]
     return {line.split()[0]: float(line.split()[1]) for line in proc.stdout.splitlines() if line.strip()}
 

@@ -16,6 +16,7 @@ import time
 
 from hat_ignite.callbacks.checkpoint_files import latest_valid_checkpoint
 from resume_support import ROOT, TOTAL_STEPS, differences, load, popen_train, straight_run, write_config
+from conftest import time_limit
 
 RUN_SPECIFIC = (".versions", ".content_sha256")
 
@@ -34,7 +35,7 @@ def _signal_after_first_save(proc: subprocess.Popen, *signums: int, gap: float =
                 proc.send_signal(signum)
             break
     try:
-        _, rest = proc.communicate(timeout=60)
+        _, rest = proc.communicate(timeout=time_limit(60))
     finally:
         proc.kill()
     return "".join(lines) + rest
@@ -60,7 +61,7 @@ def test_sigterm_saves_a_checkpoint_that_resumes_to_the_straight_result(tmp_path
     argv = shlex.split(command)
     assert argv[0] == "hat-train"
     done = subprocess.run([sys.executable, str(ROOT / "bin" / "hat-train"), *argv[1:]],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+                          cwd=tmp_path, capture_output=True, text=True, timeout=time_limit(120))
     assert done.returncode == 0, done.stderr[-2000:]
     final = load(work_dir / "checkpoints" / "checkpoint-last.pth.tar")
     straight = load(straight_run("workers0") / "checkpoints" / "checkpoint-last.pth.tar")

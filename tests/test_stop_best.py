@@ -16,6 +16,7 @@ import subprocess
 import sys
 
 import torch
+from conftest import time_limit
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "classification" / "digits_mlp.py"
@@ -34,7 +35,7 @@ def hat_train(config: pathlib.Path, work_dir: pathlib.Path, *opts: str, resume: 
             *(["--resume"] if resume else []),
             "--opts", "float_trainer.num_epochs=3", "float_trainer.callbacks[4].interval_by='step'",
             "float_trainer.callbacks[4].save_interval=5", "float_trainer.callbacks[4].keep_n=20", *opts]
-    return subprocess.run(args, cwd=work_dir.parent, capture_output=True, text=True, timeout=300, env=env)
+    return subprocess.run(args, cwd=work_dir.parent, capture_output=True, text=True, timeout=time_limit(300), env=env)
 
 
 def test_sigterm_during_validation_keeps_the_straight_best(tmp_path):

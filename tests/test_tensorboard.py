@@ -14,6 +14,7 @@ from hat_ignite.engine import BasicBatchProcessor, Trainer, collect_loss_by_inde
 from hat_ignite.metrics import Accuracy, LossShow
 from hat_ignite.models.mlp import MLPClassifier
 from hat_ignite.visualize.event_file import event_files, read_scalars
+from conftest import time_limit
 
 STEPS_PER_EPOCH = 23  # 1437 training digits, batch size 64
 
@@ -146,7 +147,7 @@ def test_importing_the_callbacks_does_not_import_tensorboardx():
     import sys
 
     code = "import sys, hat_ignite.callbacks, hat_ignite.visualize; print('tensorboardX' in sys.modules, 'matplotlib' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=time_limit(120))
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "False"]
 
@@ -312,7 +313,7 @@ def test_points_written_before_a_crash_are_in_the_file(tmp_path):
                 batch_processor=BasicBatchProcessor(need_grad_update=True, loss_collector=collect_loss_by_index(0)),
                 device=None, num_epochs=1, callbacks=[Boom(), TensorBoard({str(tmp_path)!r}, update_freq=1)]).fit()
     """)
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=time_limit(120))
     assert out.returncode != 0 and "boom at step 7" in out.stderr
     scalars = read_scalars(str(tmp_path))
     assert [step for step, _ in scalars["loss/cls_loss"]] == list(range(7))

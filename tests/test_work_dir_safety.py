@@ -18,6 +18,7 @@ import time
 import pytest
 
 from hat_ignite.cli.workdir_lock import LOCK_FILE
+from conftest import time_limit
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DIGITS = ROOT / "configs" / "classification" / "digits_mlp.py"
@@ -33,13 +34,16 @@ from hat_ignite.models.mlp import MLPClassifier
 
 @OBJECT_REGISTRY.register
 class SlowBuildMLP(MLPClassifier):
-    """The digits MLP; with BUILD_MARKER set it says so in that file, then builds for BUILD_SLEEP s."""
+    """The digits MLP; with BUILD_MARKER set it says so in that file, then builds until the file
+    BUILD_RELEASE exists (10 minutes at most)."""
 
     def __init__(self, **kwargs):
         marker = os.environ.get("BUILD_MARKER")
         if marker:
             open(marker, "w").close()
-            time.sleep(float(os.environ["BUILD_SLEEP"]))
+            release, give_up = os.environ["BUILD_RELEASE"], time.monotonic() + 600
+            while not os.path.exists(release) and time.monotonic() < give_up:
+                time.sleep(0.05)
         super().__init__(**kwargs)
 '''
 
@@ -59,23 +63,25 @@ def _train(config: pathlib.Path, work_dir: pathlib.Path, *args: str, timeout: fl
     return subprocess.run(
         [sys.executable, HAT_TRAIN, str(config), "--work-dir", str(work_dir), "--opts", "float_trainer.num_epochs=1",
          *args],
-        cwd=config.parent, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})},
+        cwd=config.parent, capture_output=True, text=True, timeout=time_limit(timeout), env={**os.environ, **(env or {})},
     )
 
 
 def test_a_dry_run_whose_build_outlasts_another_run_leaves_that_runs_work(tmp_path):
-    """The dry run finds the work dir missing, builds for 6 s; meanwhile a real run creates the
-    dir, trains and writes everything. The dry run's clean-up then removes nothing of it."""
+    """The dry run finds the work dir missing and goes on building until the test releases it;
+    meanwhile a real run creates the dir, trains and writes everything. The dry run's clean-up then
+    removes nothing of it. (The build waits for a file, not for a time, so a loaded machine cannot
+    end it before the real run.)"""
     config = _project(tmp_path)
     work_dir = tmp_path / "wd"
-    marker = tmp_path / "building"
+    marker, release = tmp_path / "building", tmp_path / "release"
     dry = subprocess.Popen(
         [sys.executable, HAT_TRAIN, str(config), "--work-dir", str(work_dir), "--dry-run"], cwd=tmp_path,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "BUILD_MARKER": str(marker), "BUILD_SLEEP": "6"},
+        env={**os.environ, "BUILD_MARKER": str(marker), "BUILD_RELEASE": str(release)},
     )
     try:
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + time_limit(90)
         while not marker.exists():  # the dry run has looked at the work dir and is building
             assert dry.poll() is None and time.monotonic() < deadline, dry.communicate()[1][-2000:]
             time.sleep(0.05)
@@ -84,7 +90,8 @@ def test_a_dry_run_whose_build_outlasts_another_run_leaves_that_runs_work(tmp_pa
         assert real.returncode == 0, real.stderr[-3000:]
         written = sorted(str(p.relative_to(work_dir)) for p in work_dir.rglob("*"))
         assert dry.poll() is None, "the dry run ended before the real run finished: nothing was tested"
-        _, err = dry.communicate(timeout=90)
+        release.touch()
+        _, err = dry.communicate(timeout=time_limit(90))
     finally:
         dry.kill()
     assert dry.returncode == 0, err[-2000:]

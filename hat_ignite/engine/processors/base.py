@@ -394,7 +394,9 @@ class BatchProcessorMixin(ABC):
         scaler = self.grad_scaler
         guard = self.nonfinite
         flags = None
-        if self.check_finite_loss and guard.on_device(engine.optimizer, scaler):
+        if not self.check_finite_loss:
+            pass  # no guard: nothing checks, drops or counts this update
+        elif guard.on_device(engine.optimizer, scaler):
             flags = guard.check_on_device(engine)  # a fused optimizer skips itself when a flag is set
         elif not guard.allow_update(engine, scaler):
             return  # nonfinite_policy="skip": this update is dropped (counted and logged)

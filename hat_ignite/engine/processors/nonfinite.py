@@ -236,6 +236,7 @@ class NonFiniteGuard:
         #: The on-device flags (made at the first update that uses them), see nonfinite_device.
         self.device_flags: DeviceFlags | None = None
         self._losses: list[torch.Tensor] = []  # the update's detached total losses (on-device mode)
+        self._update_losses: list[torch.Tensor] = []  # those of the update checked last
         self._mode_for: tuple[Any, Any] = (None, None)  # (optimizer, scaler) the mode was chosen for
         self._on_device = False
         #: Whether the optimizer skips an update itself on the device flag (``fused=True``).
@@ -319,7 +320,7 @@ class NonFiniteGuard:
             device = first.device if first is not None else engine.torch_device
             flags = self.device_flags = DeviceFlags(device, sticky=self.policy == "raise")
         flags.check(losses, grads, engine.multi_process)
-        self._losses = []
+        self._update_losses, self._losses = losses, []
         return flags
 
     def after_step(self, engine: LoopBase, final: bool = False) -> None:
@@ -327,16 +328,22 @@ class NonFiniteGuard:
         flags = self.device_flags
         if flags is None:
             return
+        skip = self.policy == "skip"
         if not final:
             state = engine.state
             step = state.iteration - 1
-            where = (state.epoch - 1, getattr(state, "step_id", step), step, getattr(state, "batch_idx", 0),
-                     self._group_first(step))
-            flags.record(where, (state.losses, getattr(state, "sub_model_outs", None)))  # names the losses
-        for where, loss_bad, _, (losses, model_outs) in flags.ready(final):
+            # (epoch_id, step_id, global_step_id, batch_idx[, first step of the update: what "skip" drops])
+            where: tuple[int, ...] = (state.epoch - 1, state.step_id, step, state.batch_idx)
+            if skip:
+                where += (self._group_first(step),)
+            # names the losses; the update's own losses tell a bad loss from a bad gradient in one process
+            flags.record(where, (state.losses, state.sub_model_outs, self._update_losses))
+        for where, loss_bad, _, (losses, model_outs, update_losses) in flags.ready(final):
+            if not engine.multi_process:  # the flags carry only "any"; the losses are read on this rare path
+                loss_bad = not _all_finite(update_losses)
             self._report(engine, where, loss_bad, losses, model_outs)
         read = flags.read_through
-        if read is not None and len(read) > 4:
+        if skip and read is not None:
             self.known_through = max(self.known_through, read[2])
 
     def flush(self, engine: LoopBase) -> None:
@@ -358,7 +365,7 @@ class NonFiniteGuard:
             logger.warning("Skipped the optimizer update (%d so far): non-finite %s at %s: %s.",
                            state.nonfinite_skipped, kind, where, what)
             return
-        self.device_flags, self._losses = None, []  # a later run starts with clear flags
+        self.device_flags, self._losses, self._update_losses = None, [], []  # a later run starts with clear flags
         detail = f": {what}" if loss_bad else f" (losses: {what})"
         if self.skips_on_device:
             outcome = ("The optimizer skipped the update of that step and of every later one on the "

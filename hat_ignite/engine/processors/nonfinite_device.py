@@ -8,15 +8,20 @@ only name the step that went wrong). Per update:
 
 1. :meth:`DeviceFlags.check` sets ``flags = [loss_bad, any_bad]`` on the device with torch's
    fused finite check (the one ``GradScaler`` runs, with a factor of exactly 1, which leaves the
-   tensors bit for bit as they are): ``loss_bad`` over the update's losses, ``any_bad`` over the
-   losses and the gradients. Under several processes the two flags are all-reduced (``MAX``), so
-   every rank skips and stops together.
+   tensors bit for bit as they are): ``any_bad`` over the update's losses and gradients, in one
+   call. Under several processes ``loss_bad`` is set over the losses too, and the two flags are
+   all-reduced (``MAX``), so every rank skips and stops together and knows whether a loss went
+   bad on another rank; in one process, whether the loss or only a gradient went bad is told
+   from the update's losses when a set flag is read (a rare path).
 2. The optimizer steps with ``optimizer.found_inf = any_bad``: its fused kernel does nothing
    (parameters, moments and step counts stay as they are) when the flag is 1.
-3. :meth:`DeviceFlags.record` copies the flags into a slot of a small host buffer (pinned memory
-   and a CUDA event on a GPU, so the copy does not block) and notes the step it belongs to.
-4. :meth:`DeviceFlags.ready` reads the slots whose copies have landed: on a GPU those whose event
-   completed (it waits only when four steps are pending), on the CPU the previous step's.
+3. :meth:`DeviceFlags.record` notes the step the update belongs to and takes the flags' values:
+   on a GPU (any device but the CPU) it copies them into a slot of a small host buffer (pinned
+   memory and a CUDA event, so the copy does not block); on the CPU the flags are host memory
+   already, and their values are read as they are (no copy, no device to wait for).
+4. :meth:`DeviceFlags.ready` hands over the recorded updates whose flags are in: on a GPU those
+   whose event completed (it waits only when four steps are pending), on the CPU the previous
+   step's (a step later, as on a GPU).
    At an epoch end, before any checkpoint is written and before the loop stops on request,
    every pending slot is read at once (``final=True``; ``loop.settle_updates()``), so no
    checkpoint holds a step whose update was skipped.
@@ -63,32 +68,38 @@ class DeviceFlags:
         self._one = torch.ones((), device=device)
         cuda = device.type == "cuda"
         self._async = cuda
-        # (RING, 2) host buffer; its numpy view is read without a tensor op (no device involved)
+        #: On the CPU: the flags' own memory, read where a device's flags are copied to the host.
+        self._live = self.flags.numpy() if device.type == "cpu" else None
+        # elsewhere a (RING, 2) host buffer; its numpy view is read without a tensor op
         self._mirror = torch.zeros(RING, 2, pin_memory=cuda)
         self._slots = list(self._mirror)  # one view per slot, made once
         self._view = self._mirror.numpy()
         self._events = [torch.cuda.Event() for _ in range(RING)] if cuda else None
-        self._pending: deque[tuple[int, Any, Any]] = deque()  # (slot, where, losses) oldest first
+        # (slot, or the flags' values on the CPU; where; losses), oldest first
+        self._pending: deque[tuple[Any, Any, Any]] = deque()
         #: The ``where`` of the newest update whose flags were read (``None``: none yet).
         self.read_through: Any = None
         self._count = 0
 
     def check(self, losses: list[torch.Tensor], grads: list[torch.Tensor], multi_process: bool = False) -> None:
-        """Set the flags for this update: ``loss_bad`` from ``losses``, ``any_bad`` from both.
-
-        With ``multi_process`` every rank must call it at the same update (one all-reduce).
+        """Set the flags for this update: ``any_bad`` from ``losses`` and ``grads``; with
+        ``multi_process`` also ``loss_bad`` from ``losses``, then both are all-reduced (every rank
+        must call it at the same update). In one process ``loss_bad`` stays 0: the caller tells a
+        bad loss from the losses themselves when ``any_bad`` is read set.
         """
         if not self.sticky:
             self.flags.zero_()
         one = self._one
+        tensors = grads + losses if losses else grads
         try:
-            if losses:
+            if multi_process and losses:
                 torch._amp_foreach_non_finite_check_and_unscale_(losses, self.loss_bad, one)
-            if grads or losses:
-                torch._amp_foreach_non_finite_check_and_unscale_(grads + losses, self.any_bad, one)
+            if tensors:
+                torch._amp_foreach_non_finite_check_and_unscale_(tensors, self.any_bad, one)
         except RuntimeError:  # tensors on several devices or of dtypes the fused check refuses
-            for flag, tensors in ((self.loss_bad, losses), (self.any_bad, grads + losses)):
-                for t in tensors:
+            checks = ((self.loss_bad, losses), (self.any_bad, tensors)) if multi_process else ((self.any_bad, tensors),)
+            for flag, group in checks:
+                for t in group:
                     bad = (~torch.isfinite(t.detach())).any().to(device=flag.device, dtype=flag.dtype)
                     torch.maximum(flag, bad, out=flag)
         if multi_process:
@@ -111,7 +122,12 @@ class DeviceFlags:
             del optimizer.found_inf  # type: ignore[attr-defined]
 
     def record(self, where: Any, losses: Any) -> None:
-        """Start the host copy of the flags of the update just queued; ``where``/``losses`` name it."""
+        """Take the flags of the update just queued (on a GPU: start their host copy);
+        ``where``/``losses`` name it."""
+        live = self._live
+        if live is not None:  # the CPU: the values are in host memory now, as a copy would hold them
+            self._pending.append(((live.item(0), live.item(1)), where, losses))
+            return
         slot = self._count % RING
         self._slots[slot].copy_(self.flags, non_blocking=self._async)
         if self._events is not None:
@@ -142,9 +158,10 @@ class DeviceFlags:
                 break
             pending.popleft()
             self.read_through = where
-            if view.item(slot, 1):  # a Python float from host memory
+            loss_bad, any_bad = slot if self._live is not None else (view.item(slot, 0), view.item(slot, 1))
+            if any_bad:  # Python floats from host memory
                 out = out or []
-                out.append((where, bool(view.item(slot, 0)), True, losses))
+                out.append((where, bool(loss_bad), True, losses))
         return out
 
     def pending(self) -> int:
