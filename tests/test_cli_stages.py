@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from conftest import DIGITS_CONFIG, run_tool
+from conftest import DIGITS_CONFIG, run_tool, time_limit
 
 STALE = [".int_infer-model.pt2.1a2b3c4d.tmp", ".int_infer-model.pt2.k3j_x9q2.tmp.pt2"]
 FLOAT_OPTS = ["float_trainer.num_epochs=8", "float_trainer.callbacks[1].lr_decay_id=[5,7]"]
@@ -103,7 +103,7 @@ def test_int_infer_runs_int8_through_inductor_or_says_why_not(chain, tmp_path):
                TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "cache"))
     out = subprocess.run(
         [sys.executable, str(ROOT / "bin" / "hat-predict"), DIGITS_CONFIG, "--stage", "int_infer", "--work-dir", copy],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env,
+        cwd=tmp_path, capture_output=True, text=True, timeout=time_limit(300), env=env,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "compiling the int8 module 'net' with inductor for inputs of shape 256x64 " in out.stderr

@@ -19,10 +19,10 @@ def test_help_names_the_options_and_bad_rounds_are_refused():
 
 def test_int8_speed_bench_names_its_options_and_refuses_bad_ones():
     script = ROOT / "bench" / "int8_speed.py"
-    out = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=60)
+    out = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=time_limit(60))
     assert out.returncode == 0 and all(opt in out.stdout for opt in ("--work-dir", "--rounds", "--threads"))
     for args, message in ((["--rounds", "0"], "--rounds must be at least 1"),
                           (["--threads", "1,x"], "give comma-separated integers"),
                           (["--threads", "0"], "each count must be at least 1")):
-        bad = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=60)
+        bad = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=time_limit(60))
         assert bad.returncode == 2 and message in bad.stderr, args

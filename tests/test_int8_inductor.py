@@ -15,7 +15,7 @@ import sys
 import pytest
 import torch
 
-from conftest import ROOT
+from conftest import ROOT, time_limit
 from hat_ignite.data import DigitsImageDataset
 from hat_ignite.models import ResNetClassifier
 from hat_ignite.quantization import (
@@ -135,7 +135,7 @@ def test_without_a_compiler_the_program_runs_as_saved_after_one_log_line(calibra
     )
     env = dict(os.environ, CXX=str(tmp_path / "no-such-c++"), TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "cache"))
     env[ENV_VAR] = "1"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=time_limit(300), cwd=ROOT, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().endswith("state fallback")
     ours = [ln for ln in out.stderr.splitlines() if LOGGER in ln]

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import textwrap
 
-from conftest import ROOT
+from conftest import ROOT, time_limit
 
 SHAPES_MODEL = '''
 import torch
@@ -113,7 +113,7 @@ def test_own_modules_import_in_the_ranks_and_their_workers_of_every_start_method
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bin" / "hat-train"), "-c", "configs/shapes.py", "-s", "float",
          "--work-dir", "work", "--nproc", "2"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        cwd=tmp_path, capture_output=True, text=True, timeout=time_limit(300),
         env={**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "OMP_NUM_THREADS": "1"},
     )
     assert proc.returncode == 0, proc.stderr[-4000:]

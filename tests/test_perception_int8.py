@@ -20,7 +20,7 @@ import sys
 
 import pytest
 import torch
-from conftest import ROOT
+from conftest import ROOT, time_limit
 
 from hat_ignite.callbacks.checkpoint_io import load_checkpoint
 from hat_ignite.quantization import load_quantized_model
@@ -40,7 +40,7 @@ def _run(root: pathlib.Path, tool: str, config: str, stage: str, **env: str) -> 
     environ.update(env, OMP_NUM_THREADS="1")
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bin" / tool), "-c", config, "-s", stage, "--work-dir", "work"],
-        cwd=root, env=environ, capture_output=True, text=True, timeout=600,
+        cwd=root, env=environ, capture_output=True, text=True, timeout=time_limit(600),
     )
     assert proc.returncode == 0, f"{tool} -s {stage}:\n{proc.stderr[-4000:]}"
 
