@@ -6,8 +6,9 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh test
 rc=0
 # -n auto: one pytest-xdist worker per core, each given its share of the cores (conftest.py);
-# --dist loadfile: a file's tests run in one worker, so a module's fixtures are made once; a line
-# per test file as each file finishes (conftest.py)
-.venv/bin/python -m pytest -q --file-progress -n auto --dist loadfile "$@" || rc=$?
+# --dist loadfile: a file's tests run in one worker, so a module's fixtures are made once; the files
+# go to the workers in collection order, the longest first (conftest.py), so they end together
+# (--no-loadscope-reorder); a line per test file as each file finishes (conftest.py)
+.venv/bin/python -m pytest -q --file-progress -n auto --dist loadfile --no-loadscope-reorder "$@" || rc=$?
 .venv/bin/python -m mypy hat_ignite || rc=$((rc ? rc : 1))
 exit "$rc"
