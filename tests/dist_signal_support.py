@@ -113,12 +113,18 @@ def _parent(pid: int) -> int | None:
 
 
 def rank_pids(launcher: int, timeout: float = 60) -> list[int]:
-    """The pids of the job's two rank processes (spawned children of ``launcher``), in start order."""
+    """The pids of the job's two rank processes, in start order.
+
+    The ranks are forked from the forkserver the launching process started (its child), or,
+    where they are spawned, the launching process's own children.
+    """
     deadline = time.monotonic() + time_limit(timeout)
     while True:
+        pids = [int(p.name) for p in pathlib.Path("/proc").iterdir() if p.name.isdigit()]
+        servers = {pid for pid in pids if _parent(pid) == launcher and "forkserver" in _cmdline(pid)}
         children = sorted(
-            int(p.name) for p in pathlib.Path("/proc").iterdir()
-            if p.name.isdigit() and _parent(int(p.name)) == launcher and "spawn_main" in _cmdline(int(p.name))
+            pid for pid in pids
+            if _parent(pid) in servers or (_parent(pid) == launcher and "spawn_main" in _cmdline(pid))
         )
         if len(children) == 2:
             return children

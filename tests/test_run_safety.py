@@ -266,7 +266,9 @@ def test_sigterm_skips_the_end_of_training_validation(tmp_path):
     err = "".join(lines) + rest
     assert proc.returncode == 143, err[-2000:]
     after = err[err.index("Stopping after global step"):]
-    assert "Skipping the end-of-training validation: the run was stopped (received SIGTERM)" in after
+    # the stop is "(received SIGTERM)", or "(received SIGTERM, while waiting for the data loader)" when
+    # the signal came while the next batch was being fetched (a loaded machine)
+    assert "Skipping the end-of-training validation: the run was stopped (received SIGTERM" in after
     assert "Predictor" not in after and "Validation Epoch" not in after  # no validation pass ran after the stop
     assert "training curves not drawn after a stop" in after
     assert seconds < 30

@@ -29,6 +29,7 @@ import socket
 import time
 from typing import Any, Callable, Mapping, Sequence
 
+from hat_ignite.engine.rank_start import begin_rank, end_rank, prepare_rank_start, rank_start_method
 from hat_ignite.errors import ConfigError
 
 __all__ = [
@@ -78,8 +79,11 @@ def _trainer_type(trainer: Any) -> str:
 
 
 def _entry(local_rank: int, main_func: Callable, device_ids: Sequence[int] | None, args: tuple, kwargs: dict,
-           share_cores: bool = True) -> None:
+           share_cores: bool = True, rank_setup: None = None) -> None:
     """What each process runs: pick its device, then call ``main_func``.
+
+    ``rank_setup`` is what the launching process's :class:`~hat_ignite.engine.rank_start.RankSetup`
+    becomes in a started rank (``None``): its unpickling set the rank up.
 
     CPU processes share the node's cores: unless ``OMP_NUM_THREADS`` says otherwise (or
     ``share_cores`` is false: the job runs in the caller's process, whose setting stays), each
@@ -89,6 +93,7 @@ def _entry(local_rank: int, main_func: Callable, device_ids: Sequence[int] | Non
     import ignite.distributed as idist
     import torch
 
+    begin_rank()
     device = None
     if device_ids:
         device = int(device_ids[local_rank])
@@ -99,6 +104,7 @@ def _entry(local_rank: int, main_func: Callable, device_ids: Sequence[int] | Non
         main_func(device, *args, **kwargs)
     finally:
         _release_run_objects()
+        end_rank()
 
 
 def _release_run_objects() -> None:
@@ -172,8 +178,10 @@ def launch_distributed(
     """Run ``main_func(device, *args, **kwargs)`` in every process of a data-parallel job.
 
     Args:
-        main_func: the training function; must be importable (a module-level function), since
-            the processes are started with the ``spawn`` method.
+        main_func: the training function; must be importable (a module-level function): each
+            process is started afresh, forked from a server that has torch and Ignite imported
+            (:mod:`~hat_ignite.engine.rank_start`), or spawned where the platform has no
+            ``forkserver``.
         device_ids: this node's GPUs, one process each; ``None`` trains on the CPU.
         dist_url: HAT's rendezvous address: ``"auto"`` (or ``None``) for a free port on this host,
             or ``"tcp://HOST:PORT"`` (the same as ``master_addr``/``master_port``).
@@ -239,11 +247,13 @@ def launch_distributed(
         )
     if master_port is None:
         master_port = free_port()
+    rank_setup = prepare_rank_start(main_func)
     with idist.Parallel(
         backend=backend, nproc_per_node=nproc, nnodes=nnodes, node_rank=node_rank,
         master_addr=master_addr or "127.0.0.1", master_port=int(master_port), timeout=pg_timeout,
+        start_method=rank_start_method(),
     ) as parallel:
-        parallel.run(_entry, *call_args)
+        parallel.run(_entry, *call_args, True, rank_setup)
 
 
 def _run_in_this_process(
