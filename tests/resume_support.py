@@ -11,7 +11,8 @@ resume test. Environment variables steer a run:
   (before that step's checkpoint is written); ``"epoch:1"`` in ``on_epoch_end`` of epoch 1 (after
   its last step's checkpoint, before the epoch-end hooks). Comma-separated; each kill happens
   once (a marker file in ``KILL_MARKERS`` records it), so a resumed run passes the same point.
-- ``STEP_SLEEP``: seconds to sleep at each step begin (gives a signal time to arrive).
+- ``STEP_SLEEP``: seconds to sleep at each step begin (gives a signal time to arrive); with
+  ``STEP_SLEEP_UNTIL`` (a path), only until that file exists (a test lets the run finish at once).
 - ``RESUME_VARIANT``: ``"workers0"`` (default: fp32, StepDecayLrUpdater by step, data loaded in
   the main process) or ``"workers2-bf16-ema"`` (2 loader workers, bf16 autocast, CosLrUpdater
   with warm-up, ExponentialMovingAverage).
@@ -71,7 +72,9 @@ CONFIG = textwrap.dedent('''
                 os.kill(os.getpid(), signal.SIGKILL)
 
         def on_step_begin(self, **kwargs):
-            time.sleep(float(os.environ.get("STEP_SLEEP", "0")))
+            until = os.environ.get("STEP_SLEEP_UNTIL")
+            if not (until and os.path.exists(until)):
+                time.sleep(float(os.environ.get("STEP_SLEEP", "0")))
 
         def on_step_end(self, global_step_id, **kwargs):
             self._maybe_kill(f"step:{global_step_id}")

@@ -50,8 +50,9 @@ def _read_until(proc: subprocess.Popen, text: str, lines: list[str]) -> None:
 
 # -- the work-dir lock -------------------------------------------------------------------------
 def _second_run_while_the_first_trains(first: subprocess.Popen, config: pathlib.Path, work_dir: pathlib.Path,
-                                       cwd: pathlib.Path) -> subprocess.CompletedProcess:
-    """Start a second ``hat-train`` into ``work_dir`` once ``first`` saved; let ``first`` finish.
+                                       cwd: pathlib.Path, release: pathlib.Path | None = None) -> subprocess.CompletedProcess:
+    """Start a second ``hat-train`` into ``work_dir`` once ``first`` saved; let ``first`` finish
+    (creating ``release``, the file that ends its steps' sleeps).
 
     Checks that the second one is refused while the first still runs, naming the first's pid and
     host, and that the first ends with exit code 0 and its lock file gone.
@@ -61,6 +62,8 @@ def _second_run_while_the_first_trains(first: subprocess.Popen, config: pathlib.
         _read_until(first, "Saved checkpoint", lines)  # the first run is training and has saved
         second = _hat_train(str(config), "--work-dir", str(work_dir), cwd=cwd)
         assert first.poll() is None, "the first run ended before the second one was refused"
+        if release is not None:
+            release.touch()
         rest = first.communicate(timeout=time_limit(300))[1]
     finally:
         first.kill()
@@ -77,8 +80,9 @@ def _second_run_while_the_first_trains(first: subprocess.Popen, config: pathlib.
 def test_a_second_run_into_a_busy_work_dir_is_refused_and_the_first_finishes_unharmed(tmp_path):
     config = write_config(tmp_path)
     work_dir = tmp_path / "wd"
-    first = popen_train(config, work_dir, env={"STEP_SLEEP": "1.0"})
-    _second_run_while_the_first_trains(first, config, work_dir, tmp_path)
+    release = tmp_path / "release"  # the run sleeps at each step until the second one was refused
+    first = popen_train(config, work_dir, env={"STEP_SLEEP": "1.0", "STEP_SLEEP_UNTIL": str(release)})
+    _second_run_while_the_first_trains(first, config, work_dir, tmp_path, release)
     final = load(work_dir / "checkpoints" / "checkpoint-last.pth.tar")
     assert final["progress"]["iteration"] == TOTAL_STEPS  # the first run completed every step
 
@@ -96,12 +100,14 @@ def test_a_second_run_of_the_shipped_config_into_its_busy_work_dir_is_refused(tm
 def test_in_a_two_process_run_rank_0_holds_the_lock_for_the_job(tmp_path):
     config = write_config(tmp_path)
     work_dir = tmp_path / "wd"
-    job = popen_train(config, work_dir, "--nproc", "2", env={"STEP_SLEEP": "1.0"})
+    release = tmp_path / "release"  # the ranks sleep at each step until the second run was refused
+    job = popen_train(config, work_dir, "--nproc", "2", env={"STEP_SLEEP": "1.0", "STEP_SLEEP_UNTIL": str(release)})
     lines: list[str] = []
     try:
         _read_until(job, "Saved checkpoint", lines)
         holder = json.loads((work_dir / LOCK_FILE).read_text())
         second = _hat_train(str(config), "--work-dir", str(work_dir), cwd=tmp_path)
+        release.touch()
         rest = job.communicate(timeout=time_limit(120))[1]
     finally:
         job.kill()

@@ -76,7 +76,7 @@ float_trainer = dict(
     data_loader=data_loader,
     optimizer=dict(type=torch.optim.AdamW, params={"weight": dict(weight_decay=5e-5)}, lr=0.003),
     batch_processor=batch_processor,
-    num_epochs=8,
+    num_epochs=6,
     device=None,
     callbacks=[
         dict(type="StatsMonitor", log_freq=1000),
