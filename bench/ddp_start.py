@@ -38,10 +38,10 @@ def _config(tree: str, run_dir: str, clock_file: str) -> str:
     path = clock_config(tree, os.path.join(run_dir, "digits_mlp.py"), clock_file, ddp=True)
     with open(path) as f:
         text = f.read()
-    loaders = text.count("shuffle=True,") + text.count("shuffle=False)")
-    text = text.replace("shuffle=True,", "shuffle=True, num_workers=2,").replace("shuffle=False)", "shuffle=False, num_workers=2)")
-    if loaders != 2:
-        raise RuntimeError(f"{CONFIG}: expected its 2 DataLoaders, found {loaders}")
+    train, val = "batch_size=batch_size, shuffle=True,", "batch_size=256, shuffle=False)"
+    if train not in text or val not in text:
+        raise RuntimeError(f"{CONFIG}: its training and validation DataLoaders are no longer written as expected")
+    text = text.replace(train, train + " num_workers=2,").replace(val, val[:-1] + ", num_workers=2)")
     with open(path, "w") as f:
         f.write(text)
     return path
