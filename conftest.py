@@ -109,16 +109,16 @@ class FileProgress:
         reporter.write_line(f"[{share:3d}% {elapsed // 60:3d}:{elapsed % 60:02d}] {name}: {results} ({own:.1f} s)")
 
 
-#: The test files that take longest (each over 20 s on two idle cores, longest first). They are
+#: The test files that take longest (each over 14 s in the parallel run, longest first). They are
 #: collected first, and scripts/test.sh hands the files to its workers in collection order
 #: (``--no-loadscope-reorder``), so no worker is left with a long file after the other is done.
 LONGEST_FILES = (
-    "tests/test_dist_signals.py", "tests/test_perception_int8.py", "tests/test_distributed.py",
-    "tests/test_hat_project.py", "tests/test_run_safety.py", "tests/test_bench.py", "tests/test_resume.py",
-    "tests/test_module_calls.py", "tests/test_work_dir_safety.py", "tests/test_disk_full.py",
-    "tests/test_data_wait.py", "tests/test_resume_settings.py", "tests/test_calibration_processes.py",
-    "tests/test_resume_quant.py", "tests/test_host_reads.py", "tests/test_resume_history.py",
-    "tests/test_cli_stages.py", "tests/test_nonfinite_device.py", "tests/test_digits_resnet.py",
+    "tests/test_perception_int8.py", "tests/test_dist_signals.py", "tests/test_distributed.py",
+    "tests/test_run_safety.py", "tests/test_resume.py", "tests/test_bench.py", "tests/test_data_wait.py",
+    "tests/test_hat_project.py", "tests/test_disk_full.py", "tests/test_resume_settings.py",
+    "tests/test_module_calls.py", "tests/test_calibration_processes.py", "tests/test_work_dir_safety.py",
+    "tests/test_resume_quant.py", "tests/test_cli_stages.py", "tests/test_resume_history.py", "tests/test_cli.py",
+    "tests/test_digits_resnet.py", "tests/test_signals.py", "tests/test_own_modules.py", "tests/test_host_reads.py",
 )
 
 
