@@ -45,8 +45,17 @@ def _run(root: pathlib.Path, tool: str, config: str, stage: str, **env: str) -> 
     assert proc.returncode == 0, f"{tool} -s {stage}:\n{proc.stderr[-4000:]}"
 
 
-def _metrics(root: pathlib.Path) -> dict:
-    return json.loads((root / "work" / "metrics.json").read_text())
+def _assert_int8_keeps(root: pathlib.Path, key: str, float_floor: float) -> None:
+    """The float model's validation ``key`` is above ``float_floor``; the int8 program (``hat-predict
+    -s int_infer``) loses at most one point of it, and scores as the simulated int8 (QAT) model it
+    was converted from (within one point: the short QAT may also gain some)."""
+    metrics = json.loads((root / "work" / "metrics.json").read_text())
+    float_score = metrics["float_train"]["val_metrics"][key]
+    qat_score = metrics["qat_train"]["val_metrics"][key]
+    int8_score = metrics["int_infer_predict"]["metrics"][key]
+    assert float_score > float_floor
+    assert int8_score >= float_score - 0.01, (float_score, int8_score)
+    assert abs(int8_score - qat_score) <= 0.01, (qat_score, int8_score)
 
 
 @pytest.mark.parametrize("net", ["resnet18", "resnet50", "mobilenet_v2"])
@@ -56,15 +65,7 @@ def test_a_torchvision_shaped_classifier_keeps_its_accuracy_through_every_stage(
         _run(root, "hat-train", "classifier.py", stage, PERCEPTION_NET=net)
     _run(root, "hat-predict", "classifier.py", "int_infer", PERCEPTION_NET=net)
 
-    metrics = _metrics(root)
-    float_accuracy = metrics["float_train"]["val_metrics"]["accuracy"]
-    qat_accuracy = metrics["qat_train"]["val_metrics"]["accuracy"]
-    int8_accuracy = metrics["int_infer_predict"]["metrics"]["accuracy"]
-    assert float_accuracy > 0.9
-    # at most one point lost to int8 (the short QAT may also gain some), and the int8 program
-    # scores as the simulated int8 model it was converted from
-    assert int8_accuracy >= float_accuracy - 0.01, (float_accuracy, int8_accuracy)
-    assert abs(int8_accuracy - qat_accuracy) <= 0.01, (qat_accuracy, int8_accuracy)
+    _assert_int8_keeps(root, "accuracy", float_floor=0.9)
 
     # the whole torchvision-shaped net was prepared (its loss stays in float Python)
     records = load_checkpoint(root / "tmp_models" / f"digits_{net}" / "qat-checkpoint-best.pth.tar")["prepared_modules"]
@@ -81,13 +82,7 @@ def test_a_retinanet_shaped_detector_keeps_its_f1_through_every_stage_and_hats_d
         _run(root, "hat-train", "retinanet.py", stage)
     _run(root, "hat-predict", "retinanet.py", "int_infer")
 
-    metrics = _metrics(root)
-    float_f1 = metrics["float_train"]["val_metrics"]["det_f1"]
-    qat_f1 = metrics["qat_train"]["val_metrics"]["det_f1"]
-    int8_f1 = metrics["int_infer_predict"]["metrics"]["det_f1"]
-    assert float_f1 > 0.7
-    assert int8_f1 >= float_f1 - 0.01, (float_f1, int8_f1)
-    assert abs(int8_f1 - qat_f1) <= 0.01, (qat_f1, int8_f1)
+    _assert_int8_keeps(root, "det_f1", float_floor=0.7)
 
     ckpts = root / "tmp_models" / "shapes_retinanet"
     # backbone, FPN and the head shared by every level are prepared; targets, losses and NMS stay in Python

@@ -253,7 +253,7 @@ def launch_distributed(
         master_addr=master_addr or "127.0.0.1", master_port=int(master_port), timeout=pg_timeout,
         start_method=rank_start_method(),
     ) as parallel:
-        parallel.run(_entry, *call_args, True, rank_setup)
+        parallel.run(_entry, *call_args, rank_setup=rank_setup)
 
 
 def _run_in_this_process(
