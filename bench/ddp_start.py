@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 
-from startup import CONFIG, ROOT, TIMEOUT, clock_config, describe, export_tree, print_rows, tree_env
+from startup import CONFIG, ROOT, TIMEOUT, clock_config, print_rows, tree_env, two_trees
 
 
 def _config(tree: str, run_dir: str, clock_file: str) -> str:
@@ -76,10 +76,7 @@ def main() -> None:
     args = parser.parse_args()
     scratch = tempfile.mkdtemp(prefix="hat-ddp-start-")
     try:
-        trees = {
-            f"before: {describe(args.before)}": export_tree(args.before, os.path.join(scratch, "before")),
-            f"after: {describe(args.after)}": export_tree(args.after, os.path.join(scratch, "after")),
-        }
+        trees = two_trees(args.before, args.after, scratch)
         rows: dict[str, dict[str, list[float]]] = {}
         for _ in range(args.rounds):
             for name, tree in trees.items():

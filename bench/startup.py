@@ -64,6 +64,14 @@ def export_tree(ref: str, dest: str) -> str:
     return dest
 
 
+def two_trees(before: str, after: str, scratch: str) -> dict[str, str]:
+    """``{"before: REF": path, "after: REF": path}``: each ref exported under ``scratch`` (a directory as it is)."""
+    return {
+        f"before: {describe(before)}": export_tree(before, os.path.join(scratch, "before")),
+        f"after: {describe(after)}": export_tree(after, os.path.join(scratch, "after")),
+    }
+
+
 def describe(ref: str) -> str:
     if os.path.isdir(ref):
         return ref
@@ -346,10 +354,7 @@ def main() -> None:
         args.rounds, args.epochs = 1, 1
     scratch = tempfile.mkdtemp(prefix="hat-startup-", dir=args.scratch)
     try:
-        trees = {
-            f"before: {describe(args.before)}": export_tree(args.before, os.path.join(scratch, "before")),
-            f"after: {describe(args.after)}": export_tree(args.after, os.path.join(scratch, "after")),
-        }
+        trees = two_trees(args.before, args.after, scratch)
         print(f"# start-up of hat-train, {time.strftime('%Y-%m-%d %H:%M')}, Python {sys.version.split()[0]}, "
               f"{os.cpu_count()} CPUs")
         startup(trees, args.rounds, args.epochs, scratch)
