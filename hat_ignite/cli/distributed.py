@@ -55,7 +55,7 @@ class _Worker:
 
     launched = False
     device: Any = None
-    #: Shared with the launching process: the largest stop exit code of the ranks (143, 130).
+    #: Shared with the launching process: each local rank's stop exit code (143, 130; 0: none).
     exit_box: Any = None
     #: Shared with the launching process: the signal it received (0: none).
     stop_box: Any = None
@@ -189,14 +189,12 @@ def _worker(device: Any, body: Callable[[list[str]], int], argv: list[str], exit
         prog = f"hat-train (rank {idist.get_rank()})" if several else "hat-train"  # which rank failed
         report_failure(prog, exc, debug="--debug" in argv)
         if fail_box is not None:
-            with fail_box.get_lock():
-                fail_box.value = 1
+            fail_box.value = 1
         raise SystemExit(1) from None  # the launcher sees exit code 1, with nothing more to print
     finally:
         release_held_locks()  # rank 0 held the work dir's lock for the job
     if code in _STOP_EXITS and exit_box is not None:  # stopped by a signal, checkpoint saved
-        with exit_box.get_lock():
-            exit_box.value = max(exit_box.value, code)
+        exit_box[idist.get_local_rank() if len(exit_box) > 1 else 0] = code
 
 
 def _forward_stop_signals(stop_box: Any) -> Callable[[], None]:
@@ -220,6 +218,23 @@ def _forward_stop_signals(stop_box: Any) -> Callable[[], None]:
             signal.signal(sig, handler)
 
     return restore
+
+
+def _job_boxes(local_processes: int) -> tuple[Any, Any, Any]:
+    """The memory a launching process shares with its ranks: the ranks' stop exit codes (a slot
+    per local rank), the signal the launching process received, whether a rank reported a failure.
+
+    None has a lock: each is written by one process (a rank its own slot, the launching process
+    the signal) and read after the ranks ended. A lock held by a rank when it was killed (the
+    launcher's SIGTERM to the ranks still running after one failed) would stay held, and the
+    launching process would wait for it forever.
+
+    >>> exit_box, stop_box, fail_box = _job_boxes(2)
+    >>> list(exit_box), stop_box.value, fail_box.value, hasattr(fail_box, "get_lock")
+    ([0, 0], 0, 0, False)
+    """
+    context = multiprocessing.get_context("spawn")
+    return context.Array("i", local_processes, lock=False), context.Value("i", 0, lock=False), context.Value("i", 0, lock=False)
 
 
 def distributed_stage(
@@ -267,9 +282,7 @@ def distributed_stage(
             node["device"] = args.device_ids if kind_name == "DataParallelTrainer" else args.device_ids[0]
         return None
     launch = build_launcher(_DDP)
-    context = multiprocessing.get_context("spawn")
-    exit_box, stop_box = context.Value("i", 0), context.Value("i", 0, lock=False)
-    fail_box = context.Value("i", 0)
+    exit_box, stop_box, fail_box = _job_boxes(1 if is_torchrun() else len(args.device_ids or []) or args.nproc or 1)
     restore = (lambda: None) if is_torchrun() else _forward_stop_signals(stop_box)  # torchrun signals every rank
     try:
         launch(
@@ -283,6 +296,6 @@ def distributed_stage(
         raise  # a rank killed by a signal ...: the launcher's message says how it died
     finally:
         restore()
-    if exit_box.value:
-        return int(exit_box.value)
+    if max(exit_box):
+        return int(max(exit_box))
     return 128 + int(stop_box.value) if stop_box.value else 0
