@@ -37,6 +37,7 @@ from hat_ignite.cli.common import (
     write_metrics,
 )
 
+from hat_ignite.cli.collector import collector_phases, imports_done, loop_starts
 from hat_ignite.cli.distributed import device_ids_of, parse_device_ids
 from hat_ignite.cli.stages import check_stage_inputs, clear_interrupted_model_write, record_lineage, save_stage_model
 from hat_ignite.config import Config
@@ -63,6 +64,7 @@ def _set_device(cfg: Config, stage_key: str, given: list[int] | None) -> None:
         cfg[stage_key]["device"] = ids[0]
 
 
+@collector_phases
 def _predict(argv: Sequence[str]) -> int:
     parser = make_parser("hat-predict", DESCRIPTION, argv)
     parser.add_argument("--ckpt", help="checkpoint to load (default: the config's {stage}_checkpoint)")
@@ -83,6 +85,7 @@ def _predict(argv: Sequence[str]) -> int:
     )
     stage_key = cfg.stage_key(args.stage, "predictor")
     _set_device(cfg, stage_key, args.device_ids)
+    imports_done()
     ckpt = args.ckpt if args.ckpt is not None else cfg.get(f"{args.stage}_checkpoint")
     if ckpt is not None and (not isinstance(ckpt, str) or not os.path.isfile(ckpt)):
         source = "--ckpt" if args.ckpt is not None else f"{cfg.filename}: {args.stage}_checkpoint"
@@ -124,6 +127,7 @@ def _predict(argv: Sequence[str]) -> int:
     attach_log_file(work_dir.file(f"{args.stage}_predict.log"))
     dump_config(cfg, work_dir.file(f"{args.stage}_predict_config.py"))
     clear_interrupted_model_write(cfg, args.stage, work_path)
+    loop_starts()
     start = time.perf_counter()
     try:
         predictor.fit()

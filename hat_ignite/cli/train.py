@@ -57,6 +57,7 @@ from hat_ignite.cli.common import (
     write_metrics,
 )
 
+from hat_ignite.cli.collector import collector_phases, imports_done, loop_starts
 from hat_ignite.cli.curves import label_stage
 from hat_ignite.cli.distributed import (
     add_distributed_arguments,
@@ -201,6 +202,7 @@ def _failure_message(trainer: Any, stage_key: str, exc: BaseException, started: 
             f"in {work_path}.")
 
 
+@collector_phases
 def _train(argv: Sequence[str]) -> int:
     parser = make_parser("hat-train", DESCRIPTION, argv)
     parser.add_argument(
@@ -226,6 +228,7 @@ def _train(argv: Sequence[str]) -> int:
     stage_key = cfg.stage_key(args.stage, "trainer")
     import torch
 
+    imports_done()
     args.device_ids_from_config = args.device_ids is None  # HAT's Calibrator then keeps the first GPU
     args.device_ids = device_ids_of(cfg, args.device_ids, args.nproc, torch.cuda.is_available())
     inputs = check_stage_inputs(cfg, args.stage, stage_key, args.config)  # refused once, before any rank starts
@@ -273,6 +276,7 @@ def _train(argv: Sequence[str]) -> int:
     # that does not fit) leaves the config that matches the work dir's checkpoints
     resolved = work_dir.file(f"{args.stage}_train_config.py")
     started = _watch_start(trainer, (lambda: dump_config(cfg, resolved)) if main_process else None)
+    loop_starts()
     start = time.perf_counter()
     try:
         trainer.fit()
