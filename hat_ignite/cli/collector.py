@@ -1,11 +1,12 @@
 """When the garbage collector of ``hat-train`` and ``hat-predict`` runs: not while the command
-starts, not over what it imported, not over the heap as the process exits.
+starts, never again over what it built before its loop, not over the heap as the process exits.
 
 Such a process holds about a million Python objects once torch and Ignite are imported, and keeps
 them to its end. Python's cyclic collector goes through every object it tracks at each full
 collection, and starts one whenever what it tracks has grown by a quarter: dozens of passes while
-torch is imported, and more as the interpreter shuts down, each over the whole heap. On the shipped
-config they were a third of the command's CPU time (docs/benchmarks.md).
+torch is imported, more as the interpreter shuts down, and, now and then, one in the loop: a pause
+of the steps as long as a pass over the whole heap. On the shipped config these passes were a third
+of the command's CPU time (docs/benchmarks.md).
 
 :func:`collector_phases` wraps a command's body:
 
@@ -13,7 +14,9 @@ config they were a third of the command's CPU time (docs/benchmarks.md).
   functions, which stay, and hardly any garbage;
 * :func:`imports_done` (the config and torch imported): what exists is frozen (``gc.freeze``: the
   collector no longer looks at it) and the collector is on again, for the stage's build, which may
-  make much cyclic garbage (a model exported and converted for int8), and for the loop;
+  make much cyclic garbage (a model exported and converted for int8);
+* :func:`loop_starts`: one collection (the build's garbage), then what exists is frozen too: the
+  loop's collections go through what the loop itself creates;
 * as the command ends: nothing frozen, the collector on or off as it was before. A caller running
   the command in its own process (a test, a notebook) finds the collector as it left it, and a
   rank's last collection (:func:`hat_ignite.engine.launcher._release_run_objects`) reaches every
@@ -23,8 +26,9 @@ config they were a third of the command's CPU time (docs/benchmarks.md).
   run's files, logs, event writers and process groups are closed before; Python never promised
   to finalize what is still alive at exit.
 
-What the command imports is collected, if it ever becomes garbage in a reference cycle, when the
-command ends; whatever its reference count frees is freed at once, as always.
+An object that exists when the loop starts and becomes garbage in a reference cycle during it is
+freed when the command ends, not before; whatever its reference count frees is freed at once, as
+always.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ import functools
 import gc
 from typing import Callable, Sequence
 
-__all__ = ["collector_phases", "imports_done"]
+__all__ = ["collector_phases", "imports_done", "loop_starts"]
 
 
 def collector_phases(command: Callable[[Sequence[str]], int]) -> Callable[[Sequence[str]], int]:
@@ -77,3 +81,9 @@ def imports_done() -> None:
     """Freeze what the command imported, and turn the collector on for the stage's build."""
     gc.freeze()
     gc.enable()
+
+
+def loop_starts() -> None:
+    """Collect the build's garbage, then freeze what the loop starts with."""
+    gc.collect()
+    gc.freeze()

@@ -37,7 +37,7 @@ from hat_ignite.cli.common import (
     write_metrics,
 )
 
-from hat_ignite.cli.collector import collector_phases, imports_done
+from hat_ignite.cli.collector import collector_phases, imports_done, loop_starts
 from hat_ignite.cli.distributed import device_ids_of, parse_device_ids
 from hat_ignite.cli.stages import check_stage_inputs, clear_interrupted_model_write, record_lineage, save_stage_model
 from hat_ignite.config import Config
@@ -127,6 +127,7 @@ def _predict(argv: Sequence[str]) -> int:
     attach_log_file(work_dir.file(f"{args.stage}_predict.log"))
     dump_config(cfg, work_dir.file(f"{args.stage}_predict_config.py"))
     clear_interrupted_model_write(cfg, args.stage, work_path)
+    loop_starts()
     start = time.perf_counter()
     try:
         predictor.fit()

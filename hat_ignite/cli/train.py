@@ -57,7 +57,7 @@ from hat_ignite.cli.common import (
     write_metrics,
 )
 
-from hat_ignite.cli.collector import collector_phases, imports_done
+from hat_ignite.cli.collector import collector_phases, imports_done, loop_starts
 from hat_ignite.cli.curves import label_stage
 from hat_ignite.cli.distributed import (
     add_distributed_arguments,
@@ -276,6 +276,7 @@ def _train(argv: Sequence[str]) -> int:
     # that does not fit) leaves the config that matches the work dir's checkpoints
     resolved = work_dir.file(f"{args.stage}_train_config.py")
     started = _watch_start(trainer, (lambda: dump_config(cfg, resolved)) if main_process else None)
+    loop_starts()
     start = time.perf_counter()
     try:
         trainer.fit()
