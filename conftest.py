@@ -14,6 +14,7 @@ the run. Without ``-q`` pytest's own per-file lines are used and the option does
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import time
@@ -146,7 +147,25 @@ def _share_the_cores(workers: int) -> None:
         torch.set_num_threads(threads)
 
 
+def _collects_here(config: pytest.Config) -> bool:
+    """Whether this process collects the tests: a pytest-xdist worker, or a run without workers."""
+    return hasattr(config, "workerinput") or not config.getoption("numprocesses", default=None)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The collector on again (see pytest_configure), with what the collection imported frozen."""
+    if _collects_here(session.config):
+        gc.freeze()
+        gc.enable()
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    # Collecting imports torch, torchao and every test module: a million objects that stay. With the
+    # garbage collector off meanwhile (and those objects frozen afterwards) the collection takes
+    # half the CPU time, and the tests' own collections skip them; hat-train does the same
+    # (hat_ignite/cli/collector.py).
+    if _collects_here(config):
+        gc.disable()
     # int8 graphs run as converted in the tests (and the CLI runs they start): compiling each with
     # inductor costs seconds to tens of seconds. The tests of the inductor path turn it on
     # themselves (tests/test_int8_inductor.py); HAT_IGNITE_INT8_INDUCTOR=1 runs the suite with it.

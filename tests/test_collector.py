@@ -54,14 +54,14 @@ float_trainer = dict(
 def test_the_loop_runs_with_the_startup_frozen_and_the_caller_gets_its_collector_back(tmp_path):
     config = tmp_path / "cfg.py"
     config.write_text(textwrap.dedent(CONFIG.format(out=str(tmp_path / "seen.json"))))
-    assert gc.isenabled() and gc.get_freeze_count() == 0
+    assert gc.isenabled()
     assert train_cli.main([str(config), "--work-dir", str(tmp_path / "work")]) == 0
 
     seen = json.loads((tmp_path / "seen.json").read_text())
     assert seen["config"]["enabled"] is False  # the config's imports: no collection
     assert seen["build"]["enabled"] is True and seen["build"]["frozen"] > 10_000  # torch's modules and more
     assert seen["loop"]["enabled"] is True and seen["loop"]["frozen"] > seen["build"]["frozen"]  # and the stage
-    assert gc.isenabled() and gc.get_freeze_count() == 0  # as this process had it
+    assert gc.isenabled() and gc.get_freeze_count() == 0  # on, as this process had it; nothing frozen
 
     gc.disable()  # a caller with the collector off keeps it off
     try:
