@@ -55,7 +55,7 @@ class _Worker:
 
     launched = False
     device: Any = None
-    #: Shared with the launching process: each local rank's stop exit code (143, 130; 0: none).
+    #: Shared with the launching process: which stop exit codes (:data:`_STOP_EXITS`) ranks exited with.
     exit_box: Any = None
     #: Shared with the launching process: the signal it received (0: none).
     stop_box: Any = None
@@ -194,7 +194,7 @@ def _worker(device: Any, body: Callable[[list[str]], int], argv: list[str], exit
     finally:
         release_held_locks()  # rank 0 held the work dir's lock for the job
     if code in _STOP_EXITS and exit_box is not None:  # stopped by a signal, checkpoint saved
-        exit_box[idist.get_local_rank() if len(exit_box) > 1 else 0] = code
+        exit_box[_STOP_EXITS.index(code)] = 1
 
 
 def _forward_stop_signals(stop_box: Any) -> Callable[[], None]:
@@ -220,21 +220,23 @@ def _forward_stop_signals(stop_box: Any) -> Callable[[], None]:
     return restore
 
 
-def _job_boxes(local_processes: int) -> tuple[Any, Any, Any]:
-    """The memory a launching process shares with its ranks: the ranks' stop exit codes (a slot
-    per local rank), the signal the launching process received, whether a rank reported a failure.
+def _job_boxes() -> tuple[Any, Any, Any]:
+    """The memory a launching process shares with its ranks: a flag per stop exit code
+    (:data:`_STOP_EXITS`) a rank exited with, the signal the launching process received, whether
+    a rank reported a failure.
 
-    None has a lock: each is written by one process (a rank its own slot, the launching process
-    the signal) and read after the ranks ended. A lock held by a rank when it was killed (the
-    launcher's SIGTERM to the ranks still running after one failed) would stay held, and the
+    None has a lock: a rank only ever sets a flag to 1, the launching process alone writes the
+    signal, and the flags are read after the ranks ended. A lock held by a rank when it was killed
+    (the launcher's SIGTERM to the ranks still running after one failed) would stay held, and the
     launching process would wait for it forever.
 
-    >>> exit_box, stop_box, fail_box = _job_boxes(2)
+    >>> exit_box, stop_box, fail_box = _job_boxes()
     >>> list(exit_box), stop_box.value, fail_box.value, hasattr(fail_box, "get_lock")
     ([0, 0], 0, 0, False)
     """
     context = multiprocessing.get_context("spawn")
-    return context.Array("i", local_processes, lock=False), context.Value("i", 0, lock=False), context.Value("i", 0, lock=False)
+    return (context.Array("i", len(_STOP_EXITS), lock=False), context.Value("i", 0, lock=False),
+            context.Value("i", 0, lock=False))
 
 
 def distributed_stage(
@@ -282,7 +284,7 @@ def distributed_stage(
             node["device"] = args.device_ids if kind_name == "DataParallelTrainer" else args.device_ids[0]
         return None
     launch = build_launcher(_DDP)
-    exit_box, stop_box, fail_box = _job_boxes(1 if is_torchrun() else len(args.device_ids or []) or args.nproc or 1)
+    exit_box, stop_box, fail_box = _job_boxes()
     restore = (lambda: None) if is_torchrun() else _forward_stop_signals(stop_box)  # torchrun signals every rank
     try:
         launch(
@@ -296,6 +298,7 @@ def distributed_stage(
         raise  # a rank killed by a signal ...: the launcher's message says how it died
     finally:
         restore()
-    if max(exit_box):
-        return int(max(exit_box))
+    stopped = [code for code, flag in zip(_STOP_EXITS, exit_box) if flag]
+    if stopped:
+        return max(stopped)
     return 128 + int(stop_box.value) if stop_box.value else 0
