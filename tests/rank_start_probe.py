@@ -1,9 +1,10 @@
 """What a rank of a 2-process job sees as it starts (for tests/test_rank_start.py).
 
 :func:`probe_main` runs in each rank, launched in the test's own process by
-``launch_distributed``; it writes ``probe{rank}.json`` with its parent process, the modules it
-whether ``torch._dynamo`` (which the server preloads) is already imported, its environment variable ``PROBE_VALUE``, its SIGTERM action and mask, the start method of the processes it would start, and
-registers an ``atexit`` handler that writes ``atexit{rank}.txt``.
+``launch_distributed``; it writes ``probe{rank}.json`` with its parent process, whether
+``torch._dynamo`` (which the server preloads) is already imported, its environment variable
+``PROBE_VALUE``, its SIGTERM action and mask and the start method of the processes it would
+start, and registers an ``atexit`` handler that writes ``atexit{rank}.txt``.
 """
 
 from __future__ import annotations
