@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import logging
 import os
 import subprocess
 import sys
@@ -174,12 +175,16 @@ class _DataDependent(nn.Module):
         return x
 
 
-def test_unexportable_model_names_the_failing_module():
+def test_unexportable_model_names_the_failing_module(capfd, caplog):
     model = nn.Sequential(nn.Linear(4, 4), nn.Sequential(nn.ReLU(), _DataDependent()))
-    with pytest.raises(QuantizationError) as err:
+    with caplog.at_level(logging.DEBUG, "hat_ignite.pt2.export"), pytest.raises(QuantizationError) as err:
         Float2Calibration(example_inputs=torch.rand(3, 4))(model)
     text = str(err.value)
     assert "'1.1' (_DataDependent)" in text and "x.sum() > 0" in text and "modules=[...]" in text
+    # the graph torch printed before it raised (once per failed try) is in the debug log, not on stderr
+    assert "def forward" not in capfd.readouterr().err
+    graphs = [r for r in caplog.records if r.name == "hat_ignite.pt2.export" and "def forward" in r.getMessage()]
+    assert graphs and "torch.export of Sequential failed (GuardOnDataDependentSymNode)" in graphs[0].getMessage()
 
 
 def test_misuse_errors_name_the_fix(digits):

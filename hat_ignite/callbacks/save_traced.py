@@ -232,10 +232,10 @@ class SaveTraced(CallbackMixin):
         return self.traced_path
 
     def _export(self, module: torch.nn.Module, args: tuple[Any, ...]) -> str | None:
-        from hat_ignite.pt2 import program_bytes
+        from hat_ignite.pt2 import export_program, program_bytes
 
         try:
-            program = torch.export.export(module, args)
+            program = export_program(module, args)
             data = program_bytes(program)  # records its content hash, checked by hat_ignite.pt2.load_program
         except Exception as exc:  # the exporter fails in many ways; the traced file is what HAT gives
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""

@@ -21,6 +21,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten
 
 from hat_ignite.errors import QuantizationError
+from hat_ignite.pt2.export import export_program
 
 __all__ = ["Captured", "model_args", "capture_inputs", "export_module", "varying_dims", "varying_leaves", "leaves_varying"]
 
@@ -185,7 +186,7 @@ def _first_line(exc: BaseException) -> str:
 def _try_export(module: nn.Module, args: tuple, kwargs: dict,
                 varying: Mapping[int, tuple[int, ...]] | None = None) -> tuple[Any, BaseException | None]:
     try:
-        program = torch.export.export(
+        program = export_program(
             module, args, kwargs, dynamic_shapes=_spec(module, args, kwargs, varying or {}), strict=False,
         )
     except Exception as exc:  # any capture failure; the caller reports it
