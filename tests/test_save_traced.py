@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -152,13 +153,14 @@ class Branchy(torch.nn.Module):
         return x - 1
 
 
-def test_a_model_that_does_not_export_still_gets_its_traced_file(tmp_path, caplog):
+def test_a_model_that_does_not_export_still_gets_its_traced_file(tmp_path, caplog, capfd):
     saver = SaveTraced(str(tmp_path), trace_inputs=(torch.ones(2, 3),))
     with caplog.at_level(logging.WARNING, logger="hat_ignite.callbacks.save_traced"):
-        with pytest.warns(torch.jit.TracerWarning):
+        with pytest.warns(torch.jit.TracerWarning):  # the model's own branch on data: still said
             path = saver.save(Branchy())
     assert os.path.isfile(path) and saver.exported_path is None
     assert "Branchy does not export with torch.export" in caplog.text
+    assert "def forward" not in capfd.readouterr().err  # the graph torch printed went to the debug log
 
 
 def test_lazy_modules_need_forward_before_trace(tmp_path):
@@ -168,3 +170,29 @@ def test_lazy_modules_need_forward_before_trace(tmp_path):
     path = SaveTraced(str(tmp_path), trace_inputs=(torch.ones(2, 5),), forward_before_trace=True,
                       save_exported=False).save(model)
     assert torch.jit.load(path)(torch.ones(1, 5)).shape == (1, 3)
+
+
+class SmallConvNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
+                                        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(4, 2))
+
+    def forward(self, x):
+        return {"logits": self.body(x)}
+
+
+def test_an_int8_model_is_saved_without_torchs_warnings_about_its_exported_parts(tmp_path):
+    """Deep-copying and tracing the quantized submodules (made by torch.export, with its input
+    checks) gave a FutureWarning and a TracerWarning that are torch's own, not the model's."""
+    from hat_ignite.quantization import Float2QAT, QAT2Quantize
+
+    x = torch.rand(2, 3, 8, 8)
+    int8 = QAT2Quantize(inductor=False)(Float2QAT(example_inputs=x)(SmallConvNet()))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        path = SaveTraced(str(tmp_path), trace_inputs=(x,)).save(int8)
+    noise = [f"{w.category.__name__}: {w.message}" for w in caught
+             if issubclass(w.category, (torch.jit.TracerWarning, FutureWarning))]
+    assert noise == []
+    assert torch.equal(torch.jit.load(path)(x)["logits"], int8(x)["logits"])

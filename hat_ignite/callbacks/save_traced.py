@@ -103,10 +103,24 @@ def output_names(outputs: Any, prefix: str = "") -> list[str | None]:
 
 
 def _quiet_jit(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Call a ``torch.jit`` function without its deprecation warning (the .pt2 is written too)."""
+    """Call a ``torch.jit`` function without the warnings that are torch's own, not the model's:
+    its deprecation (the .pt2 is written too), and a trace's warning about the input checks
+    (``torch._assert``) that ``torch.export`` puts in the modules it makes, such as an int8
+    model's quantized submodules: the trace leaves those checks out. A trace's warning about the
+    model's own code still shows."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"`torch\.jit\..*is deprecated", category=DeprecationWarning)
+        warnings.filterwarnings("ignore", category=torch.jit.TracerWarning, module=r"torch\Z")
         return func(*args, **kwargs)
+
+
+def _copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A deep copy of ``model``, without the deprecation warning torch gives when it copies the
+    input structure of a module made by ``torch.export`` (an int8 model's quantized submodules)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+                                category=FutureWarning)
+        return copy.deepcopy(model)
 
 
 class SaveTraced(CallbackMixin):
@@ -199,7 +213,7 @@ class SaveTraced(CallbackMixin):
             RuntimeError: tracing fails; names the model and the inputs' structure.
             ValueError: ``allow_anno_miss=False`` and an output has no name.
         """
-        module = copy.deepcopy(unwrap_model(model)).to(self._device).eval()
+        module = _copy(unwrap_model(model)).to(self._device).eval()
         remove_compiled_forward(module)  # a compiled model (compiler=...) is traced eagerly
         args = self._args()
         with torch.no_grad():
