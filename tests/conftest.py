@@ -17,9 +17,9 @@ DIGITS_CONFIG = ROOT / "configs" / "classification" / "digits_mlp.py"
 
 #: How many times the limit written in a test it may wait for a process it started (or a line, a
 #: file, a stop) before taking it as hung. The limits written were chosen on an idle machine; the
-#: suite runs one pytest-xdist worker per core (scripts/test.sh), and CI's cores may be shared with
-#: other work, so each is stretched: by ``HAT_TEST_TIME_SCALE`` when set, else 4 times. A hang still
-#: fails its test, only later.
+#: suite runs one pytest-xdist worker per core and one more (scripts/test.sh), and CI's cores may
+#: be shared with other work, so each is stretched: by ``HAT_TEST_TIME_SCALE`` when set, else 4
+#: times. A hang still fails its test, only later.
 TIME_SCALE = float(os.environ.get("HAT_TEST_TIME_SCALE") or 4)
 
 
