@@ -1,9 +1,10 @@
-"""Start-up, time to first step and install size of hat-ignite: two trees measured side by side.
+"""Start-up, time to first step and install size of hat-ignite: two trees side by side, or one alone.
 
 Run from the repository root::
 
     .venv/bin/python bench/startup.py                  # before = main (git archive), after = this tree
     .venv/bin/python bench/startup.py --before REF     # any commit, branch, or a directory holding a tree
+    .venv/bin/python bench/startup.py --before none    # this tree alone (one column)
     .venv/bin/python bench/startup.py --quick          # a smoke run (tests/test_bench.py): numbers meaningless
     .venv/bin/python bench/startup.py --install-size   # also: what `pip install TREE` brings (minutes)
 
@@ -12,7 +13,7 @@ each tree after the other, round after round, so that both see the same machine 
 figure is the median over the rounds with its range. The figures:
 
 * ``python -c 'import torch'`` and ``python -c 'import torch, ignite.engine'``: the floor any
-  Ignite program pays (the same for both trees), and the same with one SGD optimizer built,
+  Ignite program pays (the same for every tree), and the same with one SGD optimizer built,
   whose first ``add_param_group`` makes torch import ``torch._dynamo`` (any torch training pays it);
 * ``python -c 'import hat_ignite'`` and ``hat-train CONFIG --help``;
 * the shipped config (``configs/classification/digits_mlp.py``, stage ``float``) trained through
@@ -65,7 +66,10 @@ def export_tree(ref: str, dest: str) -> str:
 
 
 def two_trees(before: str, after: str, scratch: str) -> dict[str, str]:
-    """``{"before: REF": path, "after: REF": path}``: each ref exported under ``scratch`` (a directory as it is)."""
+    """``{"before: REF": path, "after: REF": path}``: each ref exported under ``scratch`` (a directory
+    as it is); with ``before="none"`` the after tree alone, as ``{"this tree: REF": path}``."""
+    if before == "none":
+        return {f"this tree: {describe(after)}": export_tree(after, os.path.join(scratch, "after"))}
     return {
         f"before: {describe(before)}": export_tree(before, os.path.join(scratch, "before")),
         f"after: {describe(after)}": export_tree(after, os.path.join(scratch, "after")),
@@ -211,7 +215,7 @@ def startup(trees: dict[str, str], rounds: int, epochs: int | None, scratch: str
     }
     for _ in range(rounds):
         floor = floor_cpu = 0.0
-        for label, cmd in floor_cmds.items():  # the same for both trees: one run a round, shown in every column
+        for label, cmd in floor_cmds.items():  # the same for every tree: one run a round, shown in every column
             value, cpu = wall(cmd, tree_env(ROOT), ROOT, output=True)
             if label == FLOOR:
                 floor, floor_cpu = value, cpu
@@ -339,11 +343,12 @@ def install_sizes(trees: dict[str, str], scratch: str, python: str, torch_spec: 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--before", default="main", help="the tree to compare with: a git ref or a directory (default main)")
+    parser.add_argument("--before", default="main",
+                        help="the tree to compare with: a git ref or a directory (default main); none: this tree alone")
     parser.add_argument("--after", default=ROOT, help="the tree measured after (default: this tree)")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
     parser.add_argument("--epochs", type=int, default=None, help="train this many epochs instead of the config's 20")
-    parser.add_argument("--quick", action="store_true", help="a smoke run: 1 round of 1 epoch")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 1 round of 1 epoch (numbers meaningless)")
     parser.add_argument("--install-size", action="store_true", help="also install each tree into a throwaway venv")
     parser.add_argument("--python", default="python3", help="the Python making the throwaway venvs (default python3)")
     parser.add_argument("--torch", default="torch==2.13.0",
