@@ -7,6 +7,7 @@ import logging
 import os
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -166,6 +167,19 @@ def test_a_model_prepared_whole_saves_and_loads_with_its_batch_entries_it_does_n
     loaded = load_quantized_model(save_quantized_model(int8, tmp_path / "int8.pt2", batch), inductor=False)
     assert torch.equal(loaded(batch), int8(batch))
     assert torch.equal(loaded(dict(img=batch["img"][:3])), int8(batch)[:3])
+
+
+def test_a_prepared_model_copies_without_torchs_deprecation_warning():
+    """EMA, validation and SaveTraced copy models; copying a graph made by torch.export gave a
+    FutureWarning of torch's own (its input structure's LeafSpec)."""
+    x = torch.rand(2, 3, 8, 8)
+    qat = Float2QAT(example_inputs=x)(nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU()))
+    for model in (qat, QAT2Quantize(inductor=False)(copy.deepcopy(qat))):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            copied = copy.deepcopy(model)
+        assert [str(w.message) for w in caught if issubclass(w.category, FutureWarning)] == []
+        assert copied is not model and torch.equal(copied.eval()(x), model.eval()(x))
 
 
 class _DataDependent(nn.Module):

@@ -114,15 +114,6 @@ def _quiet_jit(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return func(*args, **kwargs)
 
 
-def _copy(model: torch.nn.Module) -> torch.nn.Module:
-    """A deep copy of ``model``, without the deprecation warning torch gives when it copies the
-    input structure of a module made by ``torch.export`` (an int8 model's quantized submodules)."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
-                                category=FutureWarning)
-        return copy.deepcopy(model)
-
-
 class SaveTraced(CallbackMixin):
     """Trace the model when training ends and save it (file names, formats: module docstring).
 
@@ -213,7 +204,7 @@ class SaveTraced(CallbackMixin):
             RuntimeError: tracing fails; names the model and the inputs' structure.
             ValueError: ``allow_anno_miss=False`` and an output has no name.
         """
-        module = _copy(unwrap_model(model)).to(self._device).eval()
+        module = copy.deepcopy(unwrap_model(model)).to(self._device).eval()
         remove_compiled_forward(module)  # a compiled model (compiler=...) is traced eagerly
         args = self._args()
         with torch.no_grad():

@@ -28,6 +28,8 @@ does not observe, a ``state_dict`` (a checkpoint), or leaving the calibration st
 from __future__ import annotations
 
 import contextlib
+import copy
+import warnings
 from typing import Any, Iterator
 
 import torch
@@ -143,6 +145,17 @@ class PreparedModule(nn.Module):
                           for fq_name, fq in _named_fake_quantizers(graph).items()]
             self._install_observers(parse_qconfig_params(None))
         self.register_state_dict_pre_hook(_ranges_before_saving)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> PreparedModule:
+        """A copy (EMA, validation and ``SaveTraced`` copy models) without the deprecation warning
+        torch gives for the input structure of the graph ``torch.export`` made (torch's own)."""
+        copied = type(self).__new__(type(self))
+        memo[id(self)] = copied
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+                                    category=FutureWarning)
+            copied.__dict__.update(copy.deepcopy(self.__dict__, memo))
+        return copied
 
     @property
     def stage(self) -> str:
