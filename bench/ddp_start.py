@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 
-from startup import CONFIG, ROOT, TIMEOUT, clock_config, print_rows, tree_env, two_trees
+from startup import CONFIG, ROOT, TIMEOUT, clock_config, print_rows, tree_env, trees_to_measure
 
 
 def _config(tree: str, run_dir: str, clock_file: str) -> str:
@@ -76,7 +76,7 @@ def main() -> None:
     args = parser.parse_args()
     scratch = tempfile.mkdtemp(prefix="hat-ddp-start-")
     try:
-        trees = two_trees(args.before, args.after, scratch)
+        trees = trees_to_measure(args.before, args.after, scratch)
         rows: dict[str, dict[str, list[float]]] = {}
         for _ in range(args.rounds):
             for name, tree in trees.items():

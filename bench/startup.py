@@ -65,7 +65,7 @@ def export_tree(ref: str, dest: str) -> str:
     return dest
 
 
-def two_trees(before: str, after: str, scratch: str) -> dict[str, str]:
+def trees_to_measure(before: str, after: str, scratch: str) -> dict[str, str]:
     """``{"before: REF": path, "after: REF": path}``: each ref exported under ``scratch`` (a directory
     as it is); with ``before="none"`` the after tree alone, as ``{"this tree: REF": path}``."""
     if before == "none":
@@ -359,7 +359,7 @@ def main() -> None:
         args.rounds, args.epochs = 1, 1
     scratch = tempfile.mkdtemp(prefix="hat-startup-", dir=args.scratch)
     try:
-        trees = two_trees(args.before, args.after, scratch)
+        trees = trees_to_measure(args.before, args.after, scratch)
         print(f"# start-up of hat-train, {time.strftime('%Y-%m-%d %H:%M')}, Python {sys.version.split()[0]}, "
               f"{os.cpu_count()} CPUs")
         startup(trees, args.rounds, args.epochs, scratch)
