@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -194,12 +195,20 @@ END_WRITERS = textwrap.dedent('''
 ''')
 
 
+@pytest.fixture(scope="module")
+def complete_run(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    """The work dir of one complete run of the shipped config, for each test to copy and write over."""
+    work_dir = tmp_path_factory.mktemp("complete") / "wd"
+    done = _train(DIGITS, work_dir, {})
+    assert done.returncode == 0, done.stderr[-2000:]
+    return work_dir
+
+
 @pytest.mark.parametrize("which, name", [("lineage", "lineage.json"), ("config", "float_train_config.py"),
                                          ("curves", "float_training_curves.png")])
-def test_each_end_of_run_writer_names_its_file_and_leaves_no_temp_file(tmp_path, which, name):
+def test_each_end_of_run_writer_names_its_file_and_leaves_no_temp_file(complete_run, tmp_path, which, name):
     work_dir = tmp_path / "wd"
-    done = _train(DIGITS, work_dir, {})  # a complete run, to write over
-    assert done.returncode == 0, done.stderr[-2000:]
+    shutil.copytree(complete_run, work_dir)
     before = (work_dir / name).read_bytes()
     script = tmp_path / "writer.py"
     script.write_text(END_WRITERS)
