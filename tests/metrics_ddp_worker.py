@@ -1,6 +1,6 @@
 """Run in a subprocess by tests/test_metrics_ddp.py: HAT metrics in 2 gloo processes vs 1.
 
-``python tests/metrics_ddp_worker.py OUT_FILE`` spawns two processes with ``ignite.distributed``;
+``python tests/metrics_ddp_worker.py OUT_FILE`` starts two gloo processes with hat-ignite's launcher;
 each updates the metrics with its own half of fixed data (unequal halves, as a DistributedSampler
 tail can give) and rank 0 saves ``get()`` of every metric to ``OUT_FILE``.
 """
@@ -59,9 +59,6 @@ def _per_rank(local_rank: int, out_file: str) -> None:
 
 
 if __name__ == "__main__":
-    import datetime
+    from hat_ignite.engine.launcher import launch_distributed
 
-    import ignite.distributed as idist
-
-    with idist.Parallel(backend="gloo", nproc_per_node=2, timeout=datetime.timedelta(seconds=60)) as parallel:
-        parallel.run(_per_rank, sys.argv[1])
+    launch_distributed(_per_rank, num_processes=2, timeout=60, args=(sys.argv[1],))
