@@ -1,7 +1,8 @@
 """Two-process (gloo) runs for test_host_reads.py: host reads per step, and a NaN on rank 1 only.
 
-Run as ``python tests/host_reads_dist.py {count|nan} OUT_DIR [OPTIMIZER]`` (a name of
-:data:`OPTIMIZERS`, default ``"fused SGD"``); each rank writes its results to ``OUT_DIR/<mode>_rank<r>.pt``.
+Run as ``python tests/host_reads_dist.py {count|nan} OUT_DIR [OPTIMIZER,...]`` (names of
+:data:`OPTIMIZERS`, default ``"fused SGD"``): one job, whose ranks run the mode once per optimizer,
+in turn; each rank writes its results to ``OUT_DIR/``:func:`result_file`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,11 @@ OPTIMIZERS = {
     "SGD momentum": lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9),
     "AdamW": lambda params: torch.optim.AdamW(params, lr=0.01),
 }
+
+
+def result_file(mode: str, optimizer: str, rank: int) -> str:
+    """The file a rank writes one run's results to, in OUT_DIR."""
+    return f"{mode}_{optimizer.replace(' ', '_')}_rank{rank}.pt"
 
 
 def _trainer(model: torch.nn.Module, num_steps: int, callbacks: list, optimizer: str) -> object:
@@ -47,7 +53,7 @@ def count_main(device, out_dir: str, optimizer: str) -> None:
         trainer.fit()
     torch.save({"reads": reads.reads(range(6, 36)), "per_step": [reads.per_step[i] for i in range(6, 36)],
                 "iteration": trainer.state.iteration},
-               os.path.join(out_dir, f"count_rank{idist.get_rank()}.pt"))
+               os.path.join(out_dir, result_file("count", optimizer, idist.get_rank())))
 
 
 def nan_main(device, out_dir: str, optimizer: str) -> None:
@@ -73,12 +79,18 @@ def nan_main(device, out_dir: str, optimizer: str) -> None:
         error = str(exc)
     torch.save({"error": error, "iteration": trainer.state.iteration, "snapshots": snapshots,
                 "final": [p.detach().clone() for p in trainer.model.parameters()]},
-               os.path.join(out_dir, f"nan_rank{idist.get_rank()}.pt"))
+               os.path.join(out_dir, result_file("nan", optimizer, idist.get_rank())))
+
+
+def each_optimizer(device, mode: str, out_dir: str, optimizers: str) -> None:
+    """Run ``mode`` (count or nan) once for each of the comma-separated ``optimizers``, in turn."""
+    main = {"count": count_main, "nan": nan_main}[mode]
+    for optimizer in optimizers.split(","):
+        main(device, out_dir, optimizer)
 
 
 if __name__ == "__main__":
     from hat_ignite.engine.launcher import launch_distributed
 
-    main = {"count": count_main, "nan": nan_main}[sys.argv[1]]
-    optimizer = sys.argv[3] if len(sys.argv) > 3 else "fused SGD"
-    launch_distributed(main, num_processes=2, timeout=60, args=(sys.argv[2], optimizer))
+    launch_distributed(each_optimizer, num_processes=2, timeout=60,
+                       args=(sys.argv[1], sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else "fused SGD"))

@@ -19,6 +19,7 @@ from torch import nn
 from hat_ignite.config import Config
 from hat_ignite.engine import BasicBatchProcessor, Trainer, collect_loss_by_index
 from host_reads import HostReads
+from host_reads_dist import result_file
 from conftest import time_limit
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -159,14 +160,24 @@ def test_the_shipped_digits_config_reads_only_at_log_steps(tmp_path):
     assert any(reads.per_step[i] for i in tensorboard)  # the counter sees the reads where they are
 
 
-@pytest.mark.parametrize("name", ["fused SGD", "SGD momentum", "AdamW"])
-def test_a_two_process_gloo_run_reads_nothing_beyond_the_optimizer_itself(tmp_path, name):
-    proc = subprocess.run([sys.executable, str(TESTS / "host_reads_dist.py"), "count", str(tmp_path), name],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=time_limit(240))
+COUNTED = ["fused SGD", "SGD momentum", "AdamW"]
+
+
+@pytest.fixture(scope="module")
+def counted(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    """One 2-process job counting the host reads of a run with each optimizer of COUNTED, in turn."""
+    out = tmp_path_factory.mktemp("counted")
+    proc = subprocess.run([sys.executable, str(TESTS / "host_reads_dist.py"), "count", str(out), ",".join(COUNTED)],
+                          cwd=out, capture_output=True, text=True, timeout=time_limit(400))
     assert proc.returncode == 0, proc.stderr[-4000:]
+    return out
+
+
+@pytest.mark.parametrize("name", COUNTED)
+def test_a_two_process_gloo_run_reads_nothing_beyond_the_optimizer_itself(counted, name):
     own = _optimizer_own_reads(OPTIMIZERS[name], 36)[5:36]  # steps 6..35, as counted there
     for rank in (0, 1):
-        result = torch.load(tmp_path / f"count_rank{rank}.pt", weights_only=True)
+        result = torch.load(counted / result_file("count", name, rank), weights_only=True)
         assert result["iteration"] == 40
         assert result["per_step"] == own[:30], result["reads"]
 

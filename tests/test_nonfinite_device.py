@@ -127,13 +127,26 @@ def test_a_new_run_after_the_error_starts_with_clear_flags():
     assert not same(before, [p.detach() for p in trainer.model.parameters()])
 
 
-@pytest.mark.parametrize("optimizer", ["fused SGD", "SGD momentum"])
-def test_a_nan_on_rank_1_only_stops_both_ranks_after_the_same_step(tmp_path, optimizer):
-    proc = subprocess.run([sys.executable, str(TESTS / "host_reads_dist.py"), "nan", str(tmp_path), optimizer],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=time_limit(240))
+NAN_OPTIMIZERS = ["fused SGD", "SGD momentum"]
+
+
+@pytest.fixture(scope="module")
+def nan_runs(tmp_path_factory: pytest.TempPathFactory):
+    """One 2-process job whose ranks train with each optimizer of NAN_OPTIMIZERS in turn, rank 1's
+    loss NaN at one step of each run."""
+    out = tmp_path_factory.mktemp("nan_runs")
+    proc = subprocess.run([sys.executable, str(TESTS / "host_reads_dist.py"), "nan", str(out), ",".join(NAN_OPTIMIZERS)],
+                          cwd=out, capture_output=True, text=True, timeout=time_limit(300))
     assert proc.returncode == 0, proc.stderr[-4000:]
+    return out
+
+
+@pytest.mark.parametrize("optimizer", NAN_OPTIMIZERS)
+def test_a_nan_on_rank_1_only_stops_both_ranks_after_the_same_step(nan_runs, optimizer):
+    from host_reads_dist import result_file
+
     k = 5  # host_reads_dist.NAN_STEP
-    results = [torch.load(tmp_path / f"nan_rank{rank}.pt", weights_only=True) for rank in (0, 1)]
+    results = [torch.load(nan_runs / result_file("nan", optimizer, rank), weights_only=True) for rank in (0, 1)]
     where = f"Non-finite loss at epoch_id=0, step_id={k}, global_step_id={k}, batch_idx=0"
     assert results[1]["error"].startswith(f"{where}: losses[0]=nan.")
     assert results[0]["error"].startswith(f"{where}: on another rank (this rank's: losses[0]=")
