@@ -1,4 +1,5 @@
-"""Two-process (gloo) runs for test_host_reads.py: host reads per step, and a NaN on rank 1 only.
+"""Two-process (gloo) runs for test_host_reads.py and test_nonfinite_device.py: host reads per step,
+and a NaN on rank 1 only.
 
 Run as ``python tests/host_reads_dist.py {count|nan} OUT_DIR [OPTIMIZER,...]`` (names of
 :data:`OPTIMIZERS`, default ``"fused SGD"``): one job, whose ranks run the mode once per optimizer,
@@ -8,6 +9,8 @@ in turn; each rank writes its results to ``OUT_DIR/``:func:`result_file`.
 from __future__ import annotations
 
 import os
+import pathlib
+import subprocess
 import sys
 
 import torch
@@ -24,6 +27,17 @@ OPTIMIZERS = {
 def result_file(mode: str, optimizer: str, rank: int) -> str:
     """The file a rank writes one run's results to, in OUT_DIR."""
     return f"{mode}_{optimizer.replace(' ', '_')}_rank{rank}.pt"
+
+
+def run_job(mode: str, out_dir: pathlib.Path, optimizers: list[str], timeout: float) -> pathlib.Path:
+    """Run this script's ``mode`` in a new 2-process job, once per optimizer in turn, into ``out_dir``
+    (``timeout``: see ``conftest.time_limit``); return ``out_dir`` once the job has ended well."""
+    from conftest import time_limit
+
+    proc = subprocess.run([sys.executable, __file__, mode, str(out_dir), ",".join(optimizers)],
+                          cwd=out_dir, capture_output=True, text=True, timeout=time_limit(timeout))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return out_dir
 
 
 def _trainer(model: torch.nn.Module, num_steps: int, callbacks: list, optimizer: str) -> object:

@@ -9,7 +9,6 @@ loader's shuffle) read what they write.
 from __future__ import annotations
 
 import pathlib
-import subprocess
 import sys
 
 import pytest
@@ -19,11 +18,9 @@ from torch import nn
 from hat_ignite.config import Config
 from hat_ignite.engine import BasicBatchProcessor, Trainer, collect_loss_by_index
 from host_reads import HostReads
-from host_reads_dist import result_file
-from conftest import time_limit
+from host_reads_dist import result_file, run_job
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-TESTS = ROOT / "tests"
 
 
 class Net(nn.Module):
@@ -166,11 +163,7 @@ COUNTED = ["fused SGD", "SGD momentum", "AdamW"]
 @pytest.fixture(scope="module")
 def counted(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     """One 2-process job counting the host reads of a run with each optimizer of COUNTED, in turn."""
-    out = tmp_path_factory.mktemp("counted")
-    proc = subprocess.run([sys.executable, str(TESTS / "host_reads_dist.py"), "count", str(out), ",".join(COUNTED)],
-                          cwd=out, capture_output=True, text=True, timeout=time_limit(400))
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return out
+    return run_job("count", tmp_path_factory.mktemp("counted"), COUNTED, timeout=400)
 
 
 @pytest.mark.parametrize("name", COUNTED)

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import logging
 import pathlib
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -18,10 +16,9 @@ import torch
 from hat_ignite.callbacks import CallbackMixin
 from hat_ignite.engine import BasicBatchProcessor, MultiBatchProcessor, Trainer, collect_loss_by_regex
 from hat_ignite.errors import NonFiniteLossError
+from host_reads_dist import result_file, run_job
 from test_nonfinite import Net, batches
-from conftest import time_limit
 
-TESTS = pathlib.Path(__file__).resolve().parent
 OPTIMIZERS = {
     "sgd": lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9, fused=True),
     "adam": lambda params: torch.optim.Adam(params, lr=0.01, fused=True),
@@ -131,20 +128,14 @@ NAN_OPTIMIZERS = ["fused SGD", "SGD momentum"]
 
 
 @pytest.fixture(scope="module")
-def nan_runs(tmp_path_factory: pytest.TempPathFactory):
+def nan_runs(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     """One 2-process job whose ranks train with each optimizer of NAN_OPTIMIZERS in turn, rank 1's
     loss NaN at one step of each run."""
-    out = tmp_path_factory.mktemp("nan_runs")
-    proc = subprocess.run([sys.executable, str(TESTS / "host_reads_dist.py"), "nan", str(out), ",".join(NAN_OPTIMIZERS)],
-                          cwd=out, capture_output=True, text=True, timeout=time_limit(300))
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return out
+    return run_job("nan", tmp_path_factory.mktemp("nan_runs"), NAN_OPTIMIZERS, timeout=300)
 
 
 @pytest.mark.parametrize("optimizer", NAN_OPTIMIZERS)
 def test_a_nan_on_rank_1_only_stops_both_ranks_after_the_same_step(nan_runs, optimizer):
-    from host_reads_dist import result_file
-
     k = 5  # host_reads_dist.NAN_STEP
     results = [torch.load(nan_runs / result_file("nan", optimizer, rank), weights_only=True) for rank in (0, 1)]
     where = f"Non-finite loss at epoch_id=0, step_id={k}, global_step_id={k}, batch_idx=0"
