@@ -2,7 +2,8 @@
 
 :func:`probe_main` runs in each rank, launched in the test's own process by
 ``launch_distributed``; it writes ``probe{rank}.json`` with its parent process, whether
-``torch._dynamo`` (which the server preloads) is already imported, its environment variable
+``torch._dynamo`` (which the server preloads) is already imported, whether the collector is on and
+what the server froze before forking it, its environment variable
 ``PROBE_VALUE``, its SIGTERM action and mask and the start method of the processes it would
 start, and registers an ``atexit`` handler that writes ``atexit{rank}.txt``.
 """
@@ -10,6 +11,7 @@ start, and registers an ``atexit`` handler that writes ``atexit{rank}.txt``.
 from __future__ import annotations
 
 import atexit
+import gc
 import json
 import multiprocessing
 import os
@@ -30,6 +32,8 @@ def probe_main(device, out_dir: str) -> None:
             "start_method": multiprocessing.get_start_method(),
             # nothing of the job imports it before a step: there, only the server's preload did
             "dynamo_imported": "torch._dynamo" in sys.modules,
+            "collector_on": gc.isenabled(),
+            "frozen": gc.get_freeze_count(),
         }, f)
 
     def at_exit() -> None:

@@ -32,8 +32,11 @@ def test_ranks_are_forked_from_one_server_that_has_torch_imported(tmp_path, monk
     parents = {rank["ppid"] for rank in ranks}
     assert len(parents) == 1 and os.getpid() not in parents  # forked by the server, not this process
     server = pathlib.Path(f"/proc/{parents.pop()}/cmdline").read_bytes().decode(errors="replace")
-    assert "multiprocessing.forkserver" in server and "'torch'" in server
+    assert "multiprocessing.forkserver" in server and "'hat_ignite.engine.rank_start.server_imports'" in server
     assert all(rank["dynamo_imported"] for rank in ranks)  # preloaded, not imported again by the rank
+    # the server imported with the collector paused and froze what it imported before forking: a
+    # rank's collections skip those objects (and so never write to their pages); its collector is on
+    assert all(rank["collector_on"] and rank["frozen"] > 100_000 for rank in ranks), ranks
 
 
 def test_a_rank_starts_with_the_launch_environment_and_sigterm_default_starts_workers_as_this_process_and_runs_atexit(

@@ -4,8 +4,9 @@ A new interpreter spends seconds importing torch and Ignite before a rank does
 anything, and a ``spawn``-started job pays that once per rank, on cores the other ranks are using
 for the same imports. Where the platform has the ``forkserver`` start method (Linux, macOS),
 :func:`rank_start_method` chooses it and :func:`prepare_rank_start` starts the server: a fresh
-interpreter (no CUDA, no threads, none of the launching process's state) that imports
-:data:`PRELOAD` once; each rank is then forked from it, ready at once.
+interpreter (no CUDA, no threads, none of the launching process's state) that imports what every
+rank imports once (:mod:`hat_ignite.engine.rank_start.server_imports`: torch and Ignite, with the
+garbage collector paused, then frozen); each rank is then forked from it, ready at once.
 
 A forked rank would keep what the server had when it started, where a spawned one gets what the
 launching process has when it starts the rank. Python's own preparation gives it the launching
@@ -38,10 +39,10 @@ import threading
 from multiprocessing import forkserver
 from typing import Any, Callable
 
-__all__ = ["PRELOAD", "RankSetup", "begin_rank", "end_rank", "prepare_rank_start", "rank_start_method"]
+__all__ = ["RankSetup", "begin_rank", "end_rank", "prepare_rank_start", "rank_start_method"]
 
-#: What every rank imports before its first step, imported once by the server the ranks are forked from.
-PRELOAD = ("torch", "torch._dynamo", "ignite.distributed", "ignite.engine")
+#: The module the server imports first: torch and Ignite, with the garbage collector paused, then frozen.
+SERVER_IMPORTS = "hat_ignite.engine.rank_start.server_imports"
 
 
 def rank_start_method() -> str:
@@ -56,13 +57,13 @@ def rank_start_method() -> str:
 def prepare_rank_start(main_func: Callable[..., Any]) -> RankSetup:
     """Start the server the ranks are forked from (once per process); what to pass to each rank.
 
-    The server preloads :data:`PRELOAD` and, when it is one of hat-ignite's (the command line's
-    worker), the module of ``main_func``. A user's module is left to each rank to import, as a
+    The server preloads :data:`SERVER_IMPORTS` and, when it is one of hat-ignite's (the command
+    line's worker), the module of ``main_func``. A user's module is left to each rank to import, as a
     spawned rank would: its import may do anything.
     """
     if rank_start_method() == "forkserver":
         module = getattr(main_func, "__module__", None) or ""
-        preload = [*PRELOAD, *([module] if module.startswith("hat_ignite.") else [])]
+        preload = [SERVER_IMPORTS, *([module] if module.startswith("hat_ignite.") else [])]
         multiprocessing.get_context("forkserver").set_forkserver_preload(preload)  # for a server not yet started
         _ensure_server_ignoring_sigterm()
     return RankSetup(dict(os.environ), multiprocessing.get_start_method(allow_none=True))
