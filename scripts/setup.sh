@@ -58,8 +58,11 @@ for line in sys.stdin:
 install_with_uv() {
     grep -qi "^include-system-site-packages *= *false" .venv/pyvenv.cfg || return 1
     [ -x .venv/bin/uv ] || .venv/bin/python -m pip install --quiet uv >/dev/null 2>&1 || return 1
+    # --index-strategy unsafe-best-match: the newest version any index has, as pip chooses (uv's
+    # default takes every version from the first index that has the package, often an older one).
     # shellcheck disable=SC2046,SC2086  # options and values, none with a space
-    .venv/bin/uv pip install --quiet --python .venv/bin/python --compile-bytecode $(uv_options) \
+    .venv/bin/uv pip install --quiet --python .venv/bin/python --compile-bytecode \
+        --index-strategy unsafe-best-match $(uv_options) \
         $wanted ${project:+-e "$project"}
 }
 
