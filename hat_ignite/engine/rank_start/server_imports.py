@@ -9,11 +9,12 @@ without ``exec``:
 * with the cyclic garbage collector paused: the imports create about half a million objects that
   stay, and hardly any garbage, and the collector would go through them again each time what it
   tracks grew by a quarter;
-* then frozen (``gc.freeze``), before any rank is forked: a rank's collections skip these objects,
-  and so never write to the memory pages it shares with the server.
+* then frozen (``gc.freeze``), before any rank is forked: a rank's collections skip these objects
+  (and so leave alone the memory pages it shares with the server) until the command it runs
+  unfreezes everything for its last collection (:mod:`hat_ignite.cli.collector`).
 
-The collector is then as it was. The command line's own processes do the same
-(:mod:`hat_ignite.cli.collector`); the figures are in docs/benchmarks.md.
+The collector is then as it was. The command line's own processes import the same way; the
+figures are in docs/benchmarks.md ("third pass").
 """
 
 from __future__ import annotations
