@@ -35,7 +35,7 @@ def test_ranks_are_forked_from_one_server_that_has_torch_imported(tmp_path, monk
     assert "multiprocessing.forkserver" in server and "'hat_ignite.engine.rank_start.server_imports'" in server
     assert all(rank["dynamo_imported"] for rank in ranks)  # preloaded, not imported again by the rank
     # the server imported with the collector paused and froze what it imported before forking: a
-    # rank's collections skip those objects (and so never write to their pages); its collector is on
+    # rank starts with those objects frozen (its collections skip them) and its collector on
     assert all(rank["collector_on"] and rank["frozen"] > 100_000 for rank in ranks), ranks
 
 
